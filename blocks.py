@@ -1,0 +1,145 @@
+"""Block math for memo: aligned power-of-two covers and the completion order.
+
+Pure functions of integers, no I/O.  A *block* is a half-open range of
+memory ids ``(lo, hi)`` whose size ``hi - lo`` is a power of two and whose
+``lo`` is a multiple of that size; size 1 is a single raw memory.  Blocks of
+size >= 2 form a binary merge tree over the log: the halves of ``(lo, hi)``
+are ``(lo, mid)`` and ``(mid, hi)``.  A block is *complete* at ``T`` (the
+number of memories) when ``hi <= T``; only complete blocks are ever
+summarized.
+
+``T`` is at most a few billion in practice; every function here costs a
+number of steps that grows with its output or with ``log2(T)``, never with
+``T`` itself, except ``complete`` which lists about ``T`` blocks (use
+``complete_count`` to count them).
+"""
+
+from heapq import heapify, heappop, heappush
+
+__all__ = ["is_block", "halves", "roots", "refinements", "cover",
+           "complete", "complete_count", "completed_at"]
+
+
+def is_block(lo, hi):
+    """True iff ``(lo, hi)`` is an aligned power-of-two block of size >= 1."""
+    size = hi - lo
+    return lo >= 0 and size >= 1 and size & (size - 1) == 0 and lo % size == 0
+
+
+def halves(lo, hi):
+    """The two halves ``(lo, mid), (mid, hi)`` of a block of size >= 2."""
+    mid = (lo + hi) // 2
+    return (lo, mid), (mid, hi)
+
+
+def roots(T):
+    """The coarsest cover of ``[0, T)``: one block per set bit of ``T``.
+
+    Oldest (largest) first.  No tiling of ``[0, T)`` by aligned blocks has
+    fewer pieces than this one, which has ``bin(T).count("1")``.
+    """
+    out, lo = [], 0
+    for bit in reversed(range(T.bit_length())):
+        size = 1 << bit
+        if T & size:
+            out.append((lo, lo + size))
+            lo += size
+    return out
+
+
+def refinements(T):
+    """Yield, one at a time, the blocks that ``cover`` splits as budget grows.
+
+    Starting from ``roots(T)``, each step splits the block with the largest
+    ratio of size to age (``T - lo``), the newest first on a tie, until every
+    block is a single memory: ``T - bin(T).count("1")`` steps in all.  A
+    child's ratio never exceeds its parent's (a complete block has
+    ``size <= age``), so this is the order in which the rule "keep a block
+    whole iff ``size <= alpha * age``" splits blocks as ``alpha`` falls.
+
+    The invariant that makes the result a valid ``cover``: sizes never
+    increase toward the present.  When a block of size ``s`` is split, its
+    newer neighbour has a larger ratio at any size >= ``s``, so it has
+    already been split down to at most ``s / 2``.
+    """
+    heap = [(-(hi - lo) / (T - lo), -lo, hi) for lo, hi in roots(T) if hi - lo > 1]
+    heapify(heap)
+    while heap:
+        _, neg_lo, hi = heappop(heap)
+        lo = -neg_lo
+        yield lo, hi
+        for a, b in halves(lo, hi):
+            if b - a > 1:
+                heappush(heap, (-(b - a) / (T - a), -a, b))
+
+
+def expand(T, split):
+    """The cover of ``[0, T)`` that splits exactly the blocks in ``split``.
+
+    ``split`` must be closed upward (a block's parent is split whenever the
+    block is), as every prefix of ``refinements(T)`` is.  Oldest first.
+    """
+    out = []
+    stack = list(reversed(roots(T)))
+    while stack:
+        block = stack.pop()
+        if block in split:
+            left, right = halves(*block)
+            stack += (right, left)
+        else:
+            out.append(block)
+    return out
+
+
+def cover(T, budget):
+    """The blocks ``wake`` prints for a memory of ``T`` entries.
+
+    Returns a list of ``(lo, hi)`` tuples that tile ``[0, T)`` exactly, oldest
+    first, each an aligned power-of-two block, with sizes that never increase
+    toward the present.  If ``T <= budget`` every memory is its own block.
+    Otherwise there are exactly ``max(budget, bin(T).count("1"))`` blocks:
+    the whole budget is spent, with the extra detail going to the most recent
+    memories (no tiling has fewer than ``roots(T)``, so a budget below that is
+    raised to it).  Every block of size >= 2 is complete, so it is in
+    ``complete(T)``.
+
+    Costs ``O(budget log budget)`` whatever ``T`` is.
+    """
+    if T <= budget:
+        return [(i, i + 1) for i in range(T)]
+    steps = budget - bin(T).count("1")
+    split = set()
+    if steps > 0:
+        for block in refinements(T):
+            split.add(block)
+            if len(split) == steps:
+                break
+    return expand(T, split)
+
+
+def completed_at(hi):
+    """The blocks of size >= 2 that memory ``hi - 1`` completes, smallest first.
+
+    One per trailing zero bit of ``hi``: going from ``T - 1`` to ``T``
+    memories adds ``len(completed_at(T))`` compressions, so work never spikes.
+    """
+    out, size = [], 2
+    while hi > 0 and hi % size == 0:
+        out.append((hi - size, hi))
+        size *= 2
+    return out
+
+
+def complete(T):
+    """Every block of size >= 2 complete at ``T``, in the order they complete.
+
+    Ordered by ``hi``, then by size: each block comes after its two halves.
+    This is the order summaries are built in.  About ``T`` blocks: see
+    ``complete_count`` to count them without listing.
+    """
+    return [block for hi in range(2, T + 1, 2) for block in completed_at(hi)]
+
+
+def complete_count(T):
+    """``len(complete(T))`` in O(1): ``sum(T >> k for k >= 1) == T - popcount(T)``."""
+    return T - bin(T).count("1") if T > 0 else 0
