@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
 
 import pytest
 
@@ -26,7 +27,17 @@ MEMO = os.path.join(HERE, "memo")
 sys.path.insert(0, HERE)
 import blocks  # noqa: E402
 
-memo = SourceFileLoader("memo", MEMO).load_module()
+
+
+def load_memo():
+    """memo as a module (it has no .py suffix); loading must not run main()."""
+    spec = spec_from_loader("memo", SourceFileLoader("memo", MEMO))
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+memo = load_memo()
 SLOW = bool(os.environ.get("MEMO_SLOW"))
 DEFAULT_SIZES = dict(memo.DEFAULTS)
 
@@ -138,5 +149,413 @@ def imported(d, tmp_path, n, **kw):
     return d
 
 
-def test_smoke(store):
-    assert call(store, "note", "hello").out.startswith("Saved as #0.")
+
+# ------------------------------------------------------------------------
+# blocks.py
+# ------------------------------------------------------------------------
+
+BUDGETS = [1, 2, 3, 5, 8, 16, 17, 31, 64, 208]
+SAMPLES = list(range(0, 300)) + [511, 512, 513, 1023, 1024, 2000, 4097, 65535,
+                                 65536, 10 ** 6, 2 ** 31 - 1, 10 ** 9]
+
+
+def slow_cover(T, budget):
+    """cover's rule, slowly and exactly: from roots(T), split the block with
+    the largest size/age (Fraction, no floats), the newest on a tie, until
+    the budget is spent.  This is SPEC section 3's alpha rule (split while
+    size > alpha * age, alpha falling), spending the last splits by ratio."""
+    from fractions import Fraction
+    c = blocks.roots(T)
+    while len(c) < min(budget, T):
+        k = max((i for i, (lo, hi) in enumerate(c) if hi - lo > 1),
+                key=lambda i: (Fraction(c[i][1] - c[i][0], T - c[i][0]), c[i][0]))
+        c[k:k + 1] = list(blocks.halves(*c[k]))
+    return c
+
+
+@pytest.mark.parametrize("T", SAMPLES)
+def test_cover_properties(T):
+    """cover tiles [0,T) oldest first with aligned blocks, spends the budget,
+    never coarsens toward the present, and uses only buildable blocks."""
+    done = set(blocks.complete(T)) if T <= 5000 else None
+    for budget in BUDGETS:
+        c = blocks.cover(T, budget)
+        assert c[0][0] == 0 if T else c == []
+        assert all(a[1] == b[0] for a, b in zip(c, c[1:]))
+        assert not c or c[-1][1] == T
+        assert all(blocks.is_block(lo, hi) for lo, hi in c)
+        sizes = [hi - lo for lo, hi in c]
+        assert sizes == sorted(sizes, reverse=True), "detail must grow toward now"
+        if T <= budget:
+            assert sizes == [1] * T, "under budget every memory is verbatim"
+        else:
+            assert len(c) == max(budget, bin(T).count("1"))
+        if done is not None:
+            assert all((lo, hi) in done for lo, hi in c if hi - lo > 1)
+
+
+@pytest.mark.parametrize("T", list(range(1, 200)) + [1000, 4097])
+def test_cover_matches_the_slow_rule(T):
+    """The heap (floats) picks exactly the blocks the slow exact rule picks."""
+    for budget in (1, 2, 4, 7, 12, 30, 64):
+        assert blocks.cover(T, budget) == slow_cover(T, budget), budget
+
+
+def test_cover_detail_goes_to_the_newest():
+    c = blocks.cover(10 ** 6, 208)
+    assert c[-1] == (10 ** 6 - 1, 10 ** 6) and c[0][1] - c[0][0] > 1
+
+
+@pytest.mark.parametrize("T", list(range(0, 300)) + [4096, 10 ** 4 + 7])
+def test_complete_order_and_count(T):
+    """complete(T): every complete block of size >= 2, by hi then size, each
+    after its halves; complete_count agrees; a new memory adds one block
+    per trailing zero bit of T."""
+    c = blocks.complete(T)
+    every = {(lo, lo + s) for s in (2 ** k for k in range(1, 20)) for lo in range(0, T - s + 1, s)}
+    assert set(c) == every and len(c) == len(every)
+    assert c == sorted(c, key=lambda b: (b[1], b[1] - b[0]))
+    place = {b: i for i, b in enumerate(c)}
+    for lo, hi in c:
+        if hi - lo > 2:
+            assert all(place[h] < place[(lo, hi)] for h in blocks.halves(lo, hi))
+    assert blocks.complete_count(T) == len(c)
+    if T:
+        added = blocks.completed_at(T)
+        assert added == [b for b in c if b[1] == T]
+        assert len(added) == (T & -T).bit_length() - 1
+        assert len(added) <= 16 or T >= 2 ** 17
+
+
+def test_complete_count_is_cheap_at_a_billion():
+    T = 10 ** 9
+    assert blocks.complete_count(T) == sum(T >> k for k in range(1, 31))
+
+
+@pytest.mark.parametrize("lo,hi,ok", [
+    (0, 1, True), (0, 2, True), (16, 32, True), (4, 8, True), (1, 3, False),
+    (3, 5, False), (17, 33, False), (0, 3, False), (8, 8, False), (-2, 0, False)])
+def test_is_block(lo, hi, ok):
+    assert blocks.is_block(lo, hi) is ok
+
+
+# ------------------------------------------------------------------------
+# Records and the store's bytes
+# ------------------------------------------------------------------------
+
+def test_records_are_fixed_width_and_multibyte_safe(store):
+    """Memory i is the 320-byte record at 320*i, cut as bytes: a multi-byte
+    text never shifts a later record."""
+    texts = ["ã" * 140, "日本語のテキスト" * 11, "plain", "→ ção 🎉"]
+    for i, text in enumerate(texts):
+        assert call(store, "note", text).out.startswith("Saved as #%d." % i)
+    raw = log_bytes(store)
+    assert len(raw) == 320 * len(texts)
+    for i, text in enumerate(texts):
+        rec = raw[320 * i:320 * (i + 1)]
+        head = ("#%d %s " % (i, memo.today())).encode()
+        assert rec.startswith(head) and rec.endswith(b"\n")
+        assert rec[len(head):-1].rstrip(b" ").decode() == text
+    pay_all(store)
+    assert "#3 %s → ção 🎉" % memo.today() in call(store, "wake").out
+
+
+def test_summary_records_are_fixed_width(store, tmp_path):
+    imported(store, tmp_path, 4)
+    assert call(store, "sleep", "0-1", "ãã first pair").code == 0
+    with open(os.path.join(store, "TREE", "2"), "rb") as f:
+        rec = f.read()
+    assert len(rec) == 288 and rec.endswith(b"\n") and rec.rstrip() == "ãã first pair".encode()
+
+
+@pytest.mark.parametrize("text,why", [
+    ("ã" * 150, "Too long: 300 bytes, limit 280."),
+    ("x" * 281, "Too long: 281 bytes, limit 280."),
+    ("", "Empty"),
+    ("   ", "Empty"),
+    ("two\nlines", "one line"),
+    ("two\rlines", "one line"),
+    ("a\u2028b", "U+2028"),
+    ("a\x1b[31mred", "U+001B"),
+    ("a\u202eb", "U+202E"),
+    ("tab\there", "U+0009"),
+])
+def test_note_refuses_bad_text(store, text, why):
+    r = call(store, "note", text)
+    assert r.code == 1 and why in r.err and "Saved" not in r.out, r
+    assert log_bytes(store) == b""
+
+
+def test_note_accepts_exactly_the_limit(store):
+    assert call(store, "note", "ã" * 140).code == 0  # 280 bytes
+    assert call(store, "note", "  padded  ").code == 0
+    assert log_bytes(store)[320:].startswith(("#1 %s padded " % memo.today()).encode())
+
+
+def test_config_overrides_and_errors(store):
+    path = os.path.join(store, "config")
+    assert "# WAKE_LINES = 208" in open(path).read(), "init writes every size commented out"
+    with open(path, "a") as f:
+        f.write("ENTRY_CHARS = 20  # short\n")
+    memo.config(store)
+    assert memo.ENTRY_CHARS == 20 and memo.WAKE_LINES == 208
+    assert "limit 20" in call(store, "note", "x" * 21).err
+    for line, why in [("FOO = 3", "line 9"), ("WAKE_LINES = -1", "positive"),
+                      ("WAKE_LINES = 1.5", "positive"), ("ENTRY_CHARS = 300", "at most 280"),
+                      ("WAKE_LINES", "NAME = value")]:
+        with open(path, "w") as f:
+            f.write("# x\n" * 8 + line + "\n")
+        r = cli(store, "wake")
+        assert r.code == 1 and path in r.err and why in r.err, (line, r)
+
+
+# ------------------------------------------------------------------------
+# The scheduler, wake and sleep
+# ------------------------------------------------------------------------
+
+def test_a_full_life_of_2000_memories(store, tmp_path):
+    """Import 2,000 dated memories, pay every nap with a stand-in compressor:
+    exactly len(complete(2000)) naps, then wake pages as SPEC says."""
+    imported(store, tmp_path, 2000)
+    T = 2000
+    assert memo.pending_count(store, T) == len(blocks.complete(T))
+    assert memo.pending(store, T) == blocks.complete(T)
+    r = call(store, "wake")
+    assert r.code == 1 and r.out.startswith(
+        "Cannot wake: %d compressions pending. Do them, then run memo wake again." % 1994)
+    assert pay_all(store) == len(blocks.complete(T))
+    assert memo.pending_count(store, T) == 0 and memo.pending(store, T) == []
+    check_wake(store, T, "2020-01-01 event 1999 happened")
+
+
+def check_wake(d, T, newest):
+    """Every part fits every harness, orders the next, and the last says awake."""
+    lines, k, n = [], 1, None
+    while True:
+        r = call(d, "wake", str(k), str(T)) if k > 1 else call(d, "wake")
+        assert r.code == 0, r
+        assert len(r.out) < 30000 and len(r.out.encode()) <= memo.PART_CHARS
+        assert r.out.count("\n") <= min(2000, memo.PART_LINES)
+        body = r.out.splitlines()
+        lines += [l for l in body if l.startswith("#")]
+        if body[-1] == "You are awake.":
+            break
+        assert body[0].startswith("Your memory, part %d of " % k)
+        assert body[-1] == "Run: memo wake %d %d" % (k + 1, T)
+        k += 1
+    assert len(lines) == min(T, memo.WAKE_LINES)
+    assert lines[-1] == "#%d %s" % (T - 1, newest)
+    assert [l.split()[0] for l in lines] == [
+        "#%d" % lo if hi - lo == 1 else "#%d-%d" % (lo, hi - 1)
+        for lo, hi in blocks.cover(T, memo.WAKE_LINES)]
+    return k
+
+
+def test_wake_snapshot_is_stable(store, tmp_path):
+    """A note and a paid nap between `wake 1 T` calls change nothing."""
+    imported(store, tmp_path, 600)
+    pay_all(store)
+    memo.PART_CHARS = 6000
+    first = call(store, "wake", "1", "600").out
+    second = call(store, "wake", "2", "600").out
+    assert "part 1 of" in first
+    call(store, "note", "something new")
+    r = call(store, "note", "and another")  # completes block 600-601
+    assert "Compress memories #600-601" in r.out
+    call(store, "sleep", "600-601", "two new things")
+    assert call(store, "wake", "1", "600").out == first
+    assert call(store, "wake", "2", "600").out == second
+
+
+@pytest.mark.parametrize("args,why", [
+    (["1", "999"], "Start over"), (["9", "10"], "Start over"), (["0"], "whole number"),
+    (["x"], "whole number"), (["1", "2", "3"], "Usage: memo wake")])
+def test_wake_bad_part_or_T(store, tmp_path, args, why):
+    imported(store, tmp_path, 10)
+    pay_all(store)
+    r = call(store, "wake", *args)
+    assert r.code == 1 and why in r.err, r
+
+
+def test_wake_counts_pending_as_of_T(store, tmp_path):
+    """Levels may hold more than an older T needs: never a negative count."""
+    imported(store, tmp_path, 64)
+    pay_all(store)
+    for T in range(1, 65):
+        assert memo.pending_count(store, T) == 0
+        assert call(store, "wake", "1", str(T)).code == 0
+
+
+def test_wake_empty_and_missing(store, tmp_path):
+    r = call(store, "wake")
+    assert r.code == 0 and "No memories yet." in r.out and r.out.endswith("You are awake.\n")
+    missing = str(tmp_path / "typo")
+    r = cli(missing, "wake")
+    assert r.code == 1 and "No memory at %s." % missing in r.err and "memo init" in r.err
+    assert not os.path.exists(missing)
+
+
+def test_one_pending_and_the_prompt(store, tmp_path):
+    imported(store, tmp_path, 2)
+    r = call(store, "wake")
+    assert r.out.startswith("Cannot wake: 1 compression pending. Do it, then run memo wake again.")
+    assert "None" not in r.out
+    assert "  #0 2020-01-01 event 0 happened\n  #1 2020-01-01 event 1 happened" in r.out
+    assert "0 compressions remain after this one." in r.out
+    assert r.out.rstrip().endswith('Run: memo sleep 0-1 "<your line>"')
+
+
+def test_big_block_prompt_shows_two_halves(store, tmp_path):
+    imported(store, tmp_path, 32)
+    while True:
+        r = call(store, "sleep")
+        if "#0-31 into" in r.out:
+            break
+        block = re.search(r"Run: memo sleep (\S+) ", r.out).group(1)
+        call(store, "sleep", block, "summary of " + block)
+    assert "\n  #0-15 summary of 0-15\n  #16-31 summary of 16-31\n" in r.out
+
+
+def test_sleep_settled_wrong_and_idle(store, tmp_path):
+    imported(store, tmp_path, 4)
+    r = call(store, "sleep", "2-3", "too early")
+    assert r.code == 1 and "Wrong block: 2-3." in r.err and "0-1" in r.err
+    assert "Run: memo sleep" in r.err
+    assert call(store, "sleep", "0-1", "pair").out.startswith("0-1 saved.")
+    r = call(store, "sleep", "0-1", "pair again")
+    assert r.code == 0 and r.out.startswith("0-1 is already settled.")
+    assert "Compress memories #2-3" in r.out, "then the next nap"
+    pay_all(store)
+    r = call(store, "sleep", "4-5", "nothing there")
+    assert r.code == 0 and "Nothing left to compress." in r.out
+    assert os.path.getsize(os.path.join(store, "TREE", "2")) == 2 * 288
+    r = call(store, "sleep")
+    assert r.code == 0 and r.out == "Nothing left to compress.\n"
+    for out in (call(store, "sleep").out, call(store, "sleep", "0-1", "x").out):
+        assert "You are awake." not in out
+
+
+@pytest.mark.parametrize("bid", ["1-2", "3-4", "17-32", "5-5", "0-2", "abc", "-1-2", "1e3-2"])
+def test_sleep_rejects_non_blocks_before_lookup(store, bid):
+    r = call(store, "sleep", bid, "text")
+    assert r.code == 1 and r.err and "Traceback" not in r.err
+
+
+def test_sleep_validates_the_line(store, tmp_path):
+    imported(store, tmp_path, 2)
+    r = call(store, "sleep", "0-1", "x" * 300)
+    assert r.code == 1 and "Too long: 300 bytes, limit 280." in r.err
+    r = call(store, "sleep", "0-1", "a\nb")
+    assert r.code == 1 and "one line" in r.err
+    assert not os.path.exists(os.path.join(store, "TREE", "2")) or \
+        os.path.getsize(os.path.join(store, "TREE", "2")) == 0
+
+
+def test_note_shows_the_nap_it_causes(store):
+    assert call(store, "note", "one").out == "Saved as #0.\n"
+    r = call(store, "note", "two")
+    assert r.out.startswith("Saved as #1.\nCompress memories #0-1 into one line")
+
+
+def test_forget_and_rebuild(store, tmp_path):
+    imported(store, tmp_path, 40)
+    pay_all(store)
+    sizes = {n: os.path.getsize(os.path.join(store, "TREE", n))
+             for n in os.listdir(os.path.join(store, "TREE"))}
+    r = call(store, "forget", "16-23")
+    # 16-23, 24-31 and 32-39 at level 8, 16-31 at 16, 0-31 at 32
+    assert r.code == 0 and "Forgot 5 summaries: 16-23" in r.out and "Run: memo sleep" in r.out
+    assert memo.pending_count(store, 40) == 5
+    log = log_bytes(store)
+    assert pay_all(store) == 5
+    assert log_bytes(store) == log
+    assert sizes == {n: os.path.getsize(os.path.join(store, "TREE", n))
+                     for n in os.listdir(os.path.join(store, "TREE"))}
+
+
+@pytest.mark.parametrize("bid,why", [("17-32", "Not a block"), ("abc", "block id"),
+                                     ("64-127", "no summary"), ("3-4", "Not a block")])
+def test_forget_errors(store, tmp_path, bid, why):
+    imported(store, tmp_path, 8)
+    pay_all(store)
+    r = call(store, "forget", bid)
+    assert r.code == 1 and why in r.err, r
+
+
+# ------------------------------------------------------------------------
+# recall
+# ------------------------------------------------------------------------
+
+def test_recall_matches_the_whole_line(store, tmp_path):
+    imported(store, tmp_path, 30)
+    r = call(store, "recall", "^#7 ")
+    assert r.out == "#7 2020-01-01 event 7 happened\n1 match.\n"
+    assert call(store, "recall", "2020-01-01").out.endswith("30 matches.\n")
+    assert call(store, "recall", "EVENT 2[89]").out.splitlines()[-1] == "2 matches."
+    assert call(store, "recall", "nothing like this").out == "No match.\n"
+
+
+def test_recall_caps_its_output(store, tmp_path):
+    imported(store, tmp_path, 400)
+    memo.PART_CHARS = 2000
+    r = call(store, "recall", "event")
+    lines = r.out.splitlines()
+    assert len(r.out.encode()) <= 2000
+    k = len(lines) - 1
+    assert lines[-1] == "Newest %d of 400 matches. Narrow the regex." % k
+    assert lines[-2] == "#399 2020-01-01 event 399 happened"
+
+
+def test_recall_bad_regex(store):
+    r = call(store, "recall", "(")
+    assert r.code == 1 and "Bad regex" in r.err
+
+
+# ------------------------------------------------------------------------
+# import
+# ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content,why", [
+    (b"2020-01-01 ok\n2020-02-30 impossible\n", "line 2"),
+    (b"2020-01-02 ok\n2020-01-01 earlier\n", "line 2"),
+    (b"2020-01-01 ok\n\n2020-01-01 " + b"x" * 281 + b"\n", "line 3"),
+    (b"2020-01-01 ok\n2020-01-01\n", "line 2"),
+    (b"2020-01-01 ok\n2020-01-01    \n", "line 2"),
+    (b"2020-01-01 caf\xe9\n", "line 1"),
+    (b"01/02/2020 us date\n", "line 1"),
+    (b"2020-1-2 short date\n", "line 1"),
+    (b"2020-01-01 a\x1bb\n", "line 1"),
+    (b"2020-01-01 a\xe2\x80\xa8b\n", "U+2028"),
+    (b"\n\n", "holds no memories"),
+])
+def test_import_refuses_bad_files_whole(store, tmp_path, content, why):
+    imported(store, tmp_path, 1, day="2019-12-31")
+    before = log_bytes(store)
+    path = tmp_path / "bad.txt"
+    path.write_bytes(content)
+    r = call(store, "import", str(path))
+    assert r.code == 1 and why in r.err, r
+    assert log_bytes(store) == before
+
+
+def test_import_refuses_dates_before_the_store(store, tmp_path):
+    imported(store, tmp_path, 3, day="2021-05-05")
+    path = write_history(str(tmp_path / "old.txt"), 2, day="2021-05-04")
+    r = call(store, "import", path)
+    assert r.code == 1 and "line 1" in r.err and "newest memory" in r.err
+
+
+def test_import_ok_with_bom_crlf_and_blank_lines(store, tmp_path):
+    path = tmp_path / "h.txt"
+    path.write_bytes(b"\xef\xbb\xbf2020-01-01 first\r\n\r\n  \n2020-01-03 second\n2020-01-03 third")
+    r = call(store, "import", str(path))
+    assert r.code == 0, r
+    assert r.out == ("Imported 3 memories, #0 to #2.\n1 compression pending.\n"
+                     "Run: memo sleep\n")
+    assert call(store, "recall", "^#2 ").out.startswith("#2 2020-01-03 third\n")
+
+
+def test_import_missing_and_directory(store, tmp_path):
+    for path in (str(tmp_path / "nope.txt"), str(tmp_path)):
+        r = call(store, "import", path)
+        assert r.code == 1 and path in r.err
