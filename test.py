@@ -559,3 +559,266 @@ def test_import_missing_and_directory(store, tmp_path):
     for path in (str(tmp_path / "nope.txt"), str(tmp_path)):
         r = call(store, "import", path)
         assert r.code == 1 and path in r.err
+
+
+# ------------------------------------------------------------------------
+# Real processes: the shebang, argv, exit codes, the lock
+# ------------------------------------------------------------------------
+
+def test_shebang_usage_help_and_version_need_no_store(tmp_path):
+    nowhere = tmp_path / "none"
+    r = cli(nowhere)
+    assert r.code == 0 and "Usage: memo <command>" in r.out
+    for args in (["--help"], ["help"], ["help", "note"], ["note", "--help"],
+                 ["sleep", "-h"], ["--version"]):
+        r = cli(nowhere, *args)
+        assert r.code == 0 and r.out.strip(), args
+    assert "Usage: memo note" in cli(nowhere, "help", "note").out
+    assert cli(nowhere, "--version").out.startswith("memo ")
+    assert not nowhere.exists()
+
+
+@pytest.mark.parametrize("args,why", [
+    (["frobnicate"], "Unknown command: frobnicate."),
+    (["note"], "Usage: memo note"),
+    (["note", "a", "b"], "Usage: memo note"),
+    (["note", "-x"], "put -- before it"),
+    (["sleep", "0-1"], "Usage: memo sleep"),
+    (["recall"], "Usage: memo recall"),
+    (["wake", "--max-bytes"], "needs a value"),
+    (["wake", "--max-bytes", "abc"], "whole number"),
+    (["zoom", "1-2"], "Not a block"),
+    (["forget"], "Usage: memo forget"),
+    (["import"], "Usage: memo import"),
+    (["export", "x"], "Usage: memo export"),
+    (["help", "nope"], "Unknown command: nope."),
+])
+def test_usage_errors_exit_1_in_one_message(store, args, why):
+    r = cli(store, *args)
+    assert r.code == 1 and why in r.err and r.out == "", (args, r)
+    assert log_bytes(store) == b""
+
+
+def test_note_dash_dash_saves_the_literal(store):
+    r = cli(store, "note", "--", "--help")
+    assert r.code == 0 and "Saved as #0." in r.out
+    assert log_bytes(store).startswith(("#0 %s --help " % memo.today()).encode())
+
+
+def test_note_and_sleep_read_stdin(store):
+    text = "costs $HOME `whoami` and \"quotes\" 'too'"
+    r = cli(store, "note", "-", stdin=(text + "\n").encode())
+    assert r.code == 0, r
+    cli(store, "note", "second")
+    r = cli(store, "sleep", "0-1", "-", stdin=b"summary with $PATH\n")
+    assert r.code == 0 and "0-1 saved." in r.out
+    assert call(store, "zoom", "0-1").out.startswith("#0 %s %s\n" % (memo.today(), text))
+    r = cli(store, "note", "-", stdin=b"two\nlines\n")
+    assert r.code == 1 and "one line" in r.err
+
+
+def test_missing_store_is_never_created(tmp_path):
+    d = tmp_path / "typo"
+    for args in (["note", "x"], ["sleep"], ["recall", "x"], ["import", "f"],
+                 ["forget", "0-1"], ["zoom", "0-1"], ["export"], ["verify"], ["wake"]):
+        r = cli(d, *args)
+        assert r.code == 1 and "No memory at" in r.err, args
+    assert not d.exists()
+
+
+def test_init_is_idempotent_with_a_temporary_home(tmp_path):
+    env = {"HOME": str(tmp_path), "MEMORY_DIR": ""}
+    r = cli("", "init", env=env)
+    d = tmp_path / "memory"
+    assert r.code == 0 and "Created %s." % d in r.out
+    assert "## Memory" in r.out and "You are a subagent. Don't run memo." in r.out
+    block = r.out[r.out.index("## Memory"):]
+    with open(os.path.join(HERE, "AGENTS.md.example"), encoding="utf-8") as f:
+        assert f.read() == block, "AGENTS.md.example is init's block for the default paths"
+    assert sorted(os.listdir(d)) == ["LOG.txt", "TREE", "config"]
+    cli("", "note", "kept", env=env)
+    config = (d / "config").read_bytes()
+    r = cli("", "init", env=env)
+    assert r.code == 0 and "Found %s: 1 memory." % d in r.out and "## Memory" in r.out
+    assert (d / "config").read_bytes() == config
+
+
+def test_an_empty_directory_is_a_valid_store(tmp_path):
+    d = tmp_path / "bare"
+    d.mkdir()
+    assert cli(d, "wake").code == 0
+    assert cli(d, "note", "first").code == 0
+    assert len(log_bytes(str(d))) == 320
+
+
+def test_symlink_on_path_finds_blocks(store, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(MEMO, bin_dir / "memo")
+    env = dict(os.environ, MEMORY_DIR=store, PATH="%s:%s" % (bin_dir, os.environ["PATH"]))
+    r = subprocess.run(["memo", "note", "via a symlink"], env=env, capture_output=True,
+                       text=True, cwd=str(tmp_path))
+    assert r.returncode == 0 and "Saved as #0." in r.stdout, r.stderr
+
+
+def test_sixteen_parallel_notes_get_distinct_ids(store):
+    env = dict(os.environ, MEMORY_DIR=store)
+    procs = [subprocess.Popen([MEMO, "note", "parallel %d" % k], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for k in range(16)]
+    ids = []
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        ids.append(int(re.search(rb"Saved as #(\d+)\.", out).group(1)))
+    assert sorted(ids) == list(range(16))
+    raw = log_bytes(store)
+    assert len(raw) == 16 * 320
+    texts = {raw[320 * i:320 * i + 320].split(b" ", 2)[2].rstrip() for i in range(16)}
+    assert texts == {b"parallel %d" % k for k in range(16)}
+
+
+def test_torn_trailing_record_is_repaired_by_the_next_note(store):
+    cli(store, "note", "whole")
+    with open(os.path.join(store, "LOG.txt"), "ab") as f:
+        f.write(b"#1 2020-01-01 half a rec")
+    assert "No match." in cli(store, "recall", "half").out
+    r = cli(store, "note", "after the crash")
+    assert r.code == 0 and "Saved as #1." in r.out
+    raw = log_bytes(store)
+    assert len(raw) == 640 and raw[320:].startswith(b"#1 ") and b"half" not in raw
+
+
+# ------------------------------------------------------------------------
+# zoom, wake --max-bytes, sleep --exec, export, verify, the terminal
+# ------------------------------------------------------------------------
+
+def test_zoom_opens_a_block(store, tmp_path):
+    imported(store, tmp_path, 40)
+    call(store, "sleep", "0-1", "pair zero")
+    assert call(store, "zoom", "0-1").out == ("#0 2020-01-01 event 0 happened\n"
+                                              "#1 2020-01-01 event 1 happened\n")
+    assert call(store, "zoom", "0-3").out == "#0-1 pair zero\n#2-3 not compressed yet\n"
+    pay_all(store)
+    out = call(store, "zoom", "0-31").out
+    assert out.startswith("#0-15 event 0 happened") and "\n#16-31 " in out
+    for bid, why in [("0-63", "beyond"), ("40-41", "beyond"), ("1-2", "Not a block")]:
+        r = call(store, "zoom", bid)
+        assert r.code == 1 and why in r.err, bid
+
+
+def test_wake_max_bytes_fits_one_part(store, tmp_path):
+    imported(store, tmp_path, 2000)
+    pay_all(store)
+    previous = 0
+    for cap in (1, 500, 3000, 9000, 20000, 200000):
+        r = call(store, "wake", "--max-bytes", str(cap))
+        assert r.code == 0 and r.out.endswith("You are awake.\n")
+        assert "part" not in r.out.splitlines()[0]
+        lines = [l for l in r.out.splitlines() if l.startswith("#")]
+        assert len(lines) >= bin(2000).count("1"), "never fewer than the coarsest cover"
+        if cap >= 3000:
+            assert len(r.out.encode()) <= cap
+            assert lines[-1].startswith("#1999 "), "the newest memory verbatim"
+        assert len(lines) >= previous and len(lines) <= memo.WAKE_LINES
+        previous = len(lines)
+    assert previous == memo.WAKE_LINES
+
+
+def test_wake_max_bytes_is_the_finest_that_fits(store, tmp_path):
+    """The one-pass search equals rendering every budget and keeping the
+    largest that fits (the slow walk it replaces)."""
+    imported(store, tmp_path, 300)
+    pay_all(store)
+    memo.WAKE_LINES = 60
+    with memo.open_store(store) as st:
+        def rendered(budget):
+            lines = memo.wake_lines(st, blocks.cover(300, budget))
+            return len(("Your memory, oldest first.\n%s\nYou are awake.\n"
+                        % "\n".join(lines)).encode())
+        for cap in (2500, 4000, 6000, 9000):
+            fits = [b for b in range(bin(300).count("1"), 61) if rendered(b) <= cap]
+            want = blocks.cover(300, max(fits))
+            fixed = len("Your memory, oldest first.\nYou are awake.\n")
+            assert memo.fitted_cover(st, 300, cap, fixed) == want, cap
+
+
+def test_sleep_exec_pays_everything(store, tmp_path):
+    imported(store, tmp_path, 100)
+    shell = "grep '^  #' | cut -c3- | tr '\\n' ' ' | cut -c1-200"
+    r = cli(store, "sleep", "--exec", shell)
+    assert r.code == 0 and "Paid 97 compressions" in r.out, r
+    assert memo.pending_count(store, 100) == 0
+    assert cli(store, "wake").code == 0
+
+
+@pytest.mark.parametrize("command,why", [
+    ("exit 3", "exited with status 3"),
+    ("cat >/dev/null; echo", "refused"),
+    ("cat >/dev/null; printf 'x%.0s' $(seq 300)", "Too long"),
+])
+def test_sleep_exec_stops_cleanly(store, tmp_path, command, why):
+    imported(store, tmp_path, 8)
+    call(store, "sleep", "0-1", "paid by hand")
+    r = cli(store, "sleep", "--exec", command)
+    assert r.code == 1 and why in r.err and "Stopped at 2-3" in r.err, r
+    assert memo.pending_count(store, 8) == 6
+    assert call(store, "zoom", "0-3").out.startswith("#0-1 paid by hand\n")
+
+
+def test_export_then_import_reproduces_the_log(store, tmp_path):
+    imported(store, tmp_path, 50)
+    call(store, "note", "ã → ção, with \"quotes\" and $dollars")
+    out = call(store, "export").out
+    assert out.splitlines()[0] == "2020-01-01 event 0 happened"
+    dump = tmp_path / "dump.txt"
+    dump.write_text(out, encoding="utf-8")
+    other = init(tmp_path / "other")
+    assert cli(other, "import", str(dump)).code == 0
+    assert log_bytes(str(other)) == log_bytes(store)
+
+
+def test_verify_healthy_and_sick(store, tmp_path):
+    imported(store, tmp_path, 20)
+    r = call(store, "verify")
+    assert r.code == 0 and r.out.startswith("OK: 20 memories, 0 summaries, 18 compressions")
+    pay_all(store)
+    assert call(store, "verify").out == "OK: 20 memories, 18 summaries, 0 compressions pending.\n"
+    with open(os.path.join(store, "LOG.txt"), "r+b") as f:
+        f.seek(320 * 5)
+        f.write(b"#9")
+    with open(os.path.join(store, "TREE", "4"), "r+b") as f:
+        f.seek(288)
+        f.write(b"\xff\xfe")
+    with open(os.path.join(store, "LOG.txt"), "ab") as f:
+        f.write(b"#20 torn")
+    os.chmod(store, 0o755)
+    r = call(store, "verify")
+    assert r.code == 1
+    assert "memory #5" in r.out.lower() and "Fix:" in r.out
+    assert "memo forget 4-7" in r.out
+    assert "chmod -R go-rwx" in r.out and "unfinished write" in r.out
+    assert log_bytes(store)[320 * 5:320 * 5 + 2] == b"#9", "verify writes nothing"
+
+
+def test_recall_highlights_only_on_a_terminal(store):
+    import pty
+    call(store, "note", "the Flask decision")
+    env = dict(os.environ, MEMORY_DIR=store)
+    env.pop("NO_COLOR", None)
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(MEMO, [MEMO, "recall", "flask"], env)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    assert b"\x1b[1;31mFlask\x1b[0m" in out
+    piped = cli(store, "recall", "flask")
+    assert "\x1b" not in piped.out and "the Flask decision" in piped.out
