@@ -822,3 +822,23 @@ def test_recall_highlights_only_on_a_terminal(store):
     assert b"\x1b[1;31mFlask\x1b[0m" in out
     piped = cli(store, "recall", "flask")
     assert "\x1b" not in piped.out and "the Flask decision" in piped.out
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    command = re.search(r"^    (python3 -m venv .*pytest -q test\.py)$", readme, re.M).group(1)
+    assert command in open(os.path.join(HERE, ".ci", "run")).read().splitlines()
+
+
+def test_readme_history_recipe_cleans_real_history(tmp_path):
+    """The README's sort-and-trim recipe turns the messy flask history (dates
+    going backwards, subjects over 280 bytes) into an importable file."""
+    src = os.path.join(HERE, "..", "shared", "data", "flask-commits.txt")
+    if not os.path.exists(src):
+        pytest.skip("no ../shared/data here")
+    clean = tmp_path / "clean.txt"
+    subprocess.run("sort -s -k1,1 %s | cut -b1-291 | iconv -c -f utf-8 -t utf-8 > %s"
+                   % (src, clean), shell=True, check=True)
+    d = init(tmp_path / "mem")
+    r = cli(d, "import", str(clean))
+    assert r.code == 0 and "Imported 3806 memories" in r.out, r
