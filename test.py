@@ -842,3 +842,21 @@ def test_readme_history_recipe_cleans_real_history(tmp_path):
     d = init(tmp_path / "mem")
     r = cli(d, "import", str(clean))
     assert r.code == 0 and "Imported 3806 memories" in r.out, r
+
+
+@pytest.mark.parametrize("text", ["<your line>", "<one line>", " <your line> "])
+def test_placeholders_are_refused(store, tmp_path, text):
+    """Regression: an agent that ran `Run: memo sleep 2-3 "<your line>"`
+    verbatim saved the blank itself as the summary."""
+    imported(store, tmp_path, 2)
+    for args in (["note", text], ["sleep", "0-1", text]):
+        r = call(store, *args)
+        assert r.code == 1 and "blank to fill" in r.err, args
+    assert memo.pending_count(store, 2) == 1
+
+
+def test_missing_store_gives_no_init_order(tmp_path):
+    """Regression: `Run: memo init` under `No memory at` led an agent obeying
+    Run: lines to create a second, empty identity on a MEMORY_DIR typo."""
+    r = cli(tmp_path / "typo", "note", "x")
+    assert "memo init" in r.err and "Run:" not in r.err + r.out
