@@ -826,7 +826,7 @@ def test_recall_highlights_only_on_a_terminal(store):
 
 def test_ci_runs_the_readme_test_command():
     readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    command = re.search(r"^    (python3 -m venv .*pytest -q test\.py)$", readme, re.M).group(1)
+    command = re.search(r"^    (v=\$\(mktemp -d\) .*pytest -q test\.py)$", readme, re.M).group(1)
     assert command in open(os.path.join(HERE, ".ci", "run")).read().splitlines()
 
 
@@ -860,3 +860,12 @@ def test_missing_store_gives_no_init_order(tmp_path):
     Run: lines to create a second, empty identity on a MEMORY_DIR typo."""
     r = cli(tmp_path / "typo", "note", "x")
     assert "memo init" in r.err and "Run:" not in r.err + r.out
+
+
+def test_import_reads_a_pipe(store):
+    """Regression: `memo import <(sort ...)` failed, since a pipe cannot be
+    read twice (once to check, once to write)."""
+    r = cli(store, "import", "/dev/stdin", stdin=b"2020-01-01 from a pipe\n2020-01-02 two\n")
+    assert r.code == 0 and "Imported 2 memories, #0 to #1." in r.out, r
+    r = cli(store, "import", "-", stdin=b"2020-01-03 from stdin\n")
+    assert r.code == 0 and "#2 to #2" in r.out, r
