@@ -942,6 +942,13 @@ def test_ci_runs_the_readme_test_command():
     assert command in open(os.path.join(HERE, ".ci", "run")).read().splitlines()
 
 
+def test_readme_guarantees_name_real_tests():
+    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    named = set(re.findall(r"`(test_\w+)`", readme))
+    assert len(named) > 10 and all(name in globals() for name in named), \
+        sorted(n for n in named if n not in globals())
+
+
 def test_readme_history_recipe_cleans_real_history(tmp_path):
     """The README's sort-and-trim recipe turns the messy flask history (dates
     going backwards, subjects over 280 bytes) into an importable file."""
