@@ -878,6 +878,44 @@ def test_sleep_exec_stops_cleanly(store, tmp_path, command, why):
     assert call(store, "zoom", "0-3").out.startswith("#0-1 paid by hand\n")
 
 
+def test_sleep_exec_stops_cleanly_on_ctrl_c(store, tmp_path):
+    imported(store, tmp_path, 4)
+    p = subprocess.Popen([MEMO, "sleep", "--exec", "cat >/dev/null; sleep 0.3; echo sum"],
+                         env=env_for(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    time.sleep(0.8)
+    os.killpg(p.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and b"Stopped by Ctrl-C" in err and b"Traceback" not in err
+    saved = int(re.search(rb"(\d+) compressions? saved", err).group(1))
+    assert saved >= 1 and memo.pending_count(store, 4) == 3 - saved
+    assert call(store, "verify").code == 0
+
+
+def test_sleep_exec_shows_progress_only_on_a_terminal(store, tmp_path):
+    import pty
+    imported(store, tmp_path, 8)
+    master, slave = pty.openpty()
+    p = subprocess.Popen([MEMO, "sleep", "--exec", "cat >/dev/null; echo sum"],
+                         env=env_for(store), stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    out, _ = p.communicate(timeout=60)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    assert p.returncode == 0 and b"Paid 7 compressions" in out
+    assert re.search(rb"7/7 compressions, [0-9.]+/s, \d+s left", err), err
+    piped = cli(store, "sleep", "--exec", "cat")
+    assert piped.err == "" and "Paid 0 compressions" in piped.out
+
+
 def test_export_then_import_reproduces_the_log(store, tmp_path):
     imported(store, tmp_path, 50)
     call(store, "note", "ã → ção, with \"quotes\" and $dollars")
