@@ -717,18 +717,6 @@ def test_note_dash_dash_saves_the_literal(store):
     assert log_bytes(store).startswith(("#0 %s --help " % memo.today()).encode())
 
 
-def test_note_and_sleep_read_stdin(store):
-    text = "costs $HOME `whoami` and \"quotes\" 'too'"
-    r = cli(store, "note", "-", stdin=(text + "\n").encode())
-    assert r.code == 0, r
-    cli(store, "note", "second")
-    r = cli(store, "sleep", "0-1", "-", stdin=b"summary with $PATH\n")
-    assert r.code == 0 and "0-1 saved." in r.out
-    assert call(store, "zoom", "0-1").out.startswith("#0 %s %s\n" % (memo.today(), text))
-    r = cli(store, "note", "-", stdin=b"two\nlines\n")
-    assert r.code == 1 and "one line" in r.err
-
-
 def test_missing_store_is_never_created(tmp_path):
     d = tmp_path / "typo"
     for args in (["note", "x"], ["sleep"], ["recall", "x"], ["import", "f"],
@@ -1880,6 +1868,8 @@ def test_note_and_sleep_read_stdin_literally(tmp_path):
         assert f.read() == srec(LITERAL)
     r = cli(d, "recall", "rm -rf")
     assert r.code == 0 and LITERAL in r.out, r
+    r = cli(d, "note", "-", stdin="two\nlines\n")
+    assert r.code == 1 and "one line" in r.err and len(records(d)) == 2
 
 
 # ------------------------------------------------------------------------
