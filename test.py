@@ -2245,3 +2245,127 @@ def test_shared_store_gets_one_line_warning(tmp_path, files):
     r = cli(d, "wake")
     assert r.code == 0 and r.out == quiet.out, r
     assert one_line(r.err) and "chmod -R go-rwx" in r.err, r
+
+
+# ========================================================================
+# Speed paths, each pinned to the simple path's answers
+# ========================================================================
+
+def test_fold_partners():
+    """FOLD_PARTNERS is every non-ASCII character re.IGNORECASE folds onto
+    an ASCII one: the literal fast path relies on there being no other."""
+    ascii_alnum = re.compile("[a-z0-9]", re.IGNORECASE)
+    found = {}
+    for c in range(0x80, 0x110000):
+        if ascii_alnum.fullmatch(chr(c)):
+            a = next(a for a in "abcdefghijklmnopqrstuvwxyz0123456789"
+                     if re.fullmatch(a, chr(c), re.IGNORECASE))
+            found.setdefault(a.encode(), []).append(chr(c).encode("utf-8"))
+    assert found == {k: list(v) for k, v in memo.PARTNERS_OF.items()}
+    assert sorted(sum(found.values(), [])) == sorted(memo.FOLD_PARTNERS)
+
+
+RECALL_WORDS = ("memory number thing happened at work flask Jinja kelvin KELVIN Kelvin "
+                "is IS Is sis SIS kiss KISS ski Istanbul istanbul ship Sıla İzmir "
+                "ſhip ſs \u212aelvin \u212aISS \u212a joão João JOÃO ação AÇÃO ÇÃO çao "
+                "straße STRASSE ﬁne Ångström \u212bngström 日本語 naïve ΣΊΣΥΦΟΣ σίσυφος "
+                "v2.0 3.11 #12 2020-01-01 -01- a,b a b x  y 😀 café CAFÉ").split(" ")
+
+RECALL_PATTERNS = [
+    # literals: anchors, lowercased words, fold partners, padding, dense hits
+    "k", "K", "s", "i", "is", "kiss", "KISS", "ship", "kelvin", "elvin", "istanbul",
+    "izmir", "sıla", "flask", "Jinja", "memory number 5,", "number 12", " 12,", "12,",
+    "#1", "#12 ", "#0 ", "#1 2020", "2020-01-0", "-01-", "0", "work", "work ",
+    " work", "work  ", "happened at work", "a,b", "a b", " ", "   ", "x  y", "v2.0",
+    "3.11", ".11", "café", "joão", "ção", "ÇÃO", "straße", "ss", "ﬁ", "ångström",
+    "σίσυφος", "日本", "😀", "qqq", ",", "joão 2020", "Kelvin at", "ſhip 3.11",
+    "#1 2020-01-0", "2020-01-01 memory number 1",
+    # regexes
+    "^#1", r"^#\d+ 2020-01-0[1-3] ", "o$", r"\bwork$", "k.l", "[ſs]hip", r"\s$",
+    r"(?<=#)1", r"\A#1", r"x\Z", ".", "", r"\d{4}-\d\d", r"number 4\d,",
+    "(?-i:kelvin)", "(?-i:K)", r"\w+ \w+$", "(k|s|i)", "ı", "İ", "\u212a", "\u017f",
+    "(?x) k e l", r"ss\b", "[K]",
+]
+
+
+@pytest.fixture(scope="module")
+def tricky_stores(tmp_path_factory):
+    """Stores of tricky memories, with each one's lines as the plain rule sees them."""
+    out = []
+    for n, seed in ((1, 1), (64, 3), (65, 4), (1300, 6)):
+        rng = random.Random(seed)
+        d = str(tmp_path_factory.mktemp("tricky"))
+        lines = []
+        with open(os.path.join(d, "LOG.txt"), "wb") as f:
+            for i in range(n):
+                if rng.random() < 0.3:
+                    t = "memory number %d, a thing that happened at work" % i
+                else:
+                    t = " ".join(rng.choice(RECALL_WORDS) for _ in range(rng.randint(1, 12)))
+                    t = t.encode()[:200].decode("utf-8", "ignore").strip() or "x"
+                if rng.random() < 0.03:  # parseable, though memo would not write it
+                    t = rng.choice(["tab at end\t", "ff\x0c", "vt\x0b in", "nbsp\xa0",
+                                    "cr\r kelvin", "\tlead"])
+                if i % 64 in (0, 63) and rng.random() < 0.5:  # chunk edges
+                    t = rng.choice(["kelvin at the edge", "\u212aelvin ſhip İzmir"])
+                day = "2020-01-%02d" % (1 + i % 28)
+                f.write(memo.memory_record(i, day, t))
+                lines.append("#%d %s %s" % (i, day, t))
+        out.append((d, lines))
+    return out
+
+
+RECALL_SETTINGS = [
+    dict(),
+    dict(CHUNK_RECORDS=64, DENSE=2, WORKER_RECORDS=300, MAX_WORKERS=3, cpus=8),
+    dict(CHUNK_RECORDS=64, DENSE=0),
+    dict(CHUNK_RECORDS=64, MIN_ANCHOR=1, DENSE=5),
+    dict(CHUNK_RECORDS=64, MIN_ANCHOR=100),
+    dict(pieces=True, CHUNK_RECORDS=37, PIECE_RECORDS=5, DENSE=3),
+]
+
+
+@pytest.mark.parametrize("setting", RECALL_SETTINGS, ids=[str(s) for s in RECALL_SETTINGS])
+def test_recall_fast_paths_give_the_plain_answer(tricky_stores, monkeypatch, setting):
+    """Every recall path (anchor, lowercased, fold partners, dense chunks,
+    whole-chunk regex, memmem or bytes.find, forked workers), at chunk edges,
+    finds exactly what re.search(pattern, line, re.IGNORECASE) finds line
+    by line, including non-ASCII case folding (João, ÇÃO, the Kelvin sign)."""
+    setting = dict(setting)
+    if setting.pop("pieces", False):
+        monkeypatch.setattr(memo, "locator", lambda: memo.locate_in_pieces)
+    cpus = setting.pop("cpus", None)
+    if cpus:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    for name, value in setting.items():
+        monkeypatch.setattr(memo, name, value)
+    for d, lines in tricky_stores:
+        st = memo.Store(d)
+        for pattern in RECALL_PATTERNS:
+            rx = re.compile(pattern, re.IGNORECASE)
+            hits = [(i, line) for i, line in enumerate(lines) if rx.search(line)]
+            count, newest = memo.search(st, len(lines), pattern, 7)
+            assert (count, [tuple(x) for x in newest]) == (len(hits), hits[-7:]), pattern
+        st.close()
+
+
+@pytest.mark.parametrize("first", [0, 5, 9990, 99 * 1000 - 30, 10 ** 6 - 4096])
+def test_chunk_check_never_passes_a_damaged_record(first):
+    """chunk_ok's strided bulk check passes a clean chunk, and never one
+    holding a record that does not parse as its own memory, across id-width
+    changes (9 to 10, 99999 to 100000).  (When it fails, recall parses each
+    record on its own, so a false alarm costs time, never a wrong answer.)"""
+    n = 300 if first < 10 ** 6 - 4096 else 4096
+    good = b"".join(memo.memory_record(first + i, "2020-02-03", "text %d é" % i)
+                    for i in range(n))
+    assert memo.chunk_ok(first, n, good)
+    rng = random.Random(first)
+    for _ in range(100):
+        i = rng.randrange(n)
+        at = i * 320 + rng.choice([0, 1, 2, 3, 5, 8, 10, 12, 15, 17, 20, 100, 319])
+        bad = bytearray(good)
+        bad[at] = rng.choice(b"#0123456789 -\xff\x00x")
+        try:
+            memo.parse_memory(first + i, bytes(bad[i * 320:(i + 1) * 320]))
+        except memo.Damaged:
+            assert not memo.chunk_ok(first, n, bytes(bad)), bytes(bad[i * 320:][:30])
