@@ -2369,3 +2369,23 @@ def test_chunk_check_never_passes_a_damaged_record(first):
             memo.parse_memory(first + i, bytes(bad[i * 320:(i + 1) * 320]))
         except memo.Damaged:
             assert not memo.chunk_ok(first, n, bytes(bad)), bytes(bad[i * 320:][:30])
+
+
+def test_verify_keeps_the_fix_command_verbatim(store, tmp_path):
+    """Regression: verify passed its lines through str.capitalize, which
+    lowered `Fix:` and `UTF-8` in the middle of the line."""
+    imported(store, tmp_path, 8)
+    pay_all(store)
+    with open(os.path.join(store, "TREE", "2"), "r+b") as f:
+        f.seek(288 * 2)
+        f.write(b"\xff")
+    r = call(store, "verify")
+    assert r.code == 1 and "Summary 4-5 is not valid UTF-8. Fix: memo forget 4-5" in r.out
+
+
+def test_verify_finds_summaries_without_halves(store, tmp_path):
+    imported(store, tmp_path, 64)
+    pay_all(store)
+    os.truncate(os.path.join(store, "TREE", "16"), 288)  # 16-31 and 32-47 gone
+    r = call(store, "verify")
+    assert r.code == 1 and "TREE/32 holds 2 summaries" in r.out and "memo forget 0-31" in r.out
