@@ -989,7 +989,9 @@ def test_readme_history_recipe_cleans_real_history(tmp_path):
     assert r.code == 0 and "Imported 3806 memories" in r.out, r
 
 
-@pytest.mark.parametrize("text", ["<your line>", "<one line>", " <your line> "])
+@pytest.mark.parametrize("text", ["<your line>", "<one line>", " <your line> ",
+                                  "<YOUR LINE>", '"<your line>"', "<your summary>",
+                                  "<your line> webhooks use HMAC-SHA256"])
 def test_placeholders_are_refused(store, tmp_path, text):
     """Regression: an agent that ran `Run: memo sleep 2-3 "<your line>"`
     verbatim saved the blank itself as the summary."""
@@ -2389,3 +2391,21 @@ def test_verify_finds_summaries_without_halves(store, tmp_path):
     os.truncate(os.path.join(store, "TREE", "16"), 288)  # 16-31 and 32-47 gone
     r = call(store, "verify")
     assert r.code == 1 and "TREE/32 holds 2 summaries" in r.out and "memo forget 0-31" in r.out
+
+
+def test_agent_slips_get_a_way_out(store, tmp_path):
+    """Regressions from an agent trial: the `#` the prompt prints before a
+    block id, unquoted words, and `memo help help`."""
+    imported(store, tmp_path, 4)
+    r = call(store, "sleep", "#0-1", "the first pair")
+    assert r.code == 0 and r.out.startswith("0-1 saved.")
+    r = call(store, "sleep", "2-3", "Dana", "masks", "IBANs")
+    assert r.code == 1 and "quote it" in r.err
+    r = call(store, "recall", "Dana", "IBAN")
+    assert r.code == 1 and "quote it" in r.err
+    r = call(store, "sleep", "1-2", "x")
+    assert r.code == 1 and "Not a block: 1-2." in r.err and "Run: memo sleep" in r.err
+    r = call(store, "sleep", "-1-0", "x")
+    assert r.code == 1 and "put --" not in r.err
+    assert call(store, "note", "<a href> is fine inside a longer text").code == 0
+    assert cli(store, "help", "help").code == 0
