@@ -442,7 +442,7 @@ def test_a_full_life_of_2000_memories(store, tmp_path):
 
 def check_wake(d, T, newest):
     """Every part fits every harness, orders the next, and the last says awake."""
-    lines, k, n = [], 1, None
+    lines, k = [], 1
     while True:
         r = call(d, "wake", str(k), str(T)) if k > 1 else call(d, "wake")
         assert r.code == 0, r
