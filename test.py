@@ -2413,4 +2413,5 @@ def test_agent_slips_get_a_way_out(store, tmp_path):
     r = call(store, "sleep", "-1-0", "x")
     assert r.code == 1 and "put --" not in r.err
     assert call(store, "note", "<a href> is fine inside a longer text").code == 0
+    assert call(store, "note", "Escape <text> and <line> in templates").code == 0
     assert cli(store, "help", "help").code == 0
