@@ -844,8 +844,10 @@ def test_wake_max_bytes_is_the_finest_that_fits(store, tmp_path):
 
 
 def test_sleep_exec_pays_everything(store, tmp_path):
+    """README's deterministic stand-in pays every nap through the real CLI."""
     imported(store, tmp_path, 100)
-    shell = "grep '^  #' | cut -c3- | tr '\\n' ' ' | cut -c1-200"
+    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    shell = re.search(r"""^    memo sleep --exec "(sed .*)"$""", readme, re.M).group(1)
     r = cli(store, "sleep", "--exec", shell)
     assert r.code == 0 and "Paid 97 compressions" in r.out, r
     assert memo.pending_count(store, 100) == 0
