@@ -941,6 +941,26 @@ def test_verify_healthy_and_sick(store, tmp_path):
     assert log_bytes(store)[320 * 5:320 * 5 + 2] == b"#9", "verify writes nothing"
 
 
+def test_verify_keeps_the_fix_command_verbatim(store, tmp_path):
+    """Regression: verify passed its lines through str.capitalize, which
+    lowered `Fix:` and `UTF-8` in the middle of the line."""
+    imported(store, tmp_path, 8)
+    pay_all(store)
+    with open(os.path.join(store, "TREE", "2"), "r+b") as f:
+        f.seek(288 * 2)
+        f.write(b"\xff")
+    r = call(store, "verify")
+    assert r.code == 1 and "Summary 4-5 is not valid UTF-8. Fix: memo forget 4-5" in r.out
+
+
+def test_verify_finds_summaries_without_halves(store, tmp_path):
+    imported(store, tmp_path, 64)
+    pay_all(store)
+    os.truncate(os.path.join(store, "TREE", "16"), 288)  # 16-31 and 32-47 gone
+    r = call(store, "verify")
+    assert r.code == 1 and "TREE/32 holds 2 summaries" in r.out and "memo forget 0-31" in r.out
+
+
 def test_recall_highlights_only_on_a_terminal(store):
     import pty
     call(store, "note", "the Flask decision")
@@ -964,32 +984,9 @@ def test_recall_highlights_only_on_a_terminal(store):
     assert "\x1b" not in piped.out and "the Flask decision" in piped.out
 
 
-def test_ci_runs_the_readme_test_command():
-    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    command = re.search(r"^    (v=\$\(mktemp -d\) .*pytest -q test\.py)$", readme, re.M).group(1)
-    assert command in open(os.path.join(HERE, ".ci", "run")).read().splitlines()
-
-
-def test_readme_guarantees_name_real_tests():
-    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    named = set(re.findall(r"`(test_\w+)`", readme))
-    assert len(named) > 10 and all(name in globals() for name in named), \
-        sorted(n for n in named if n not in globals())
-
-
-def test_readme_history_recipe_cleans_real_history(tmp_path):
-    """The README's sort-and-trim recipe turns the messy flask history (dates
-    going backwards, subjects over 280 bytes) into an importable file."""
-    src = os.path.join(HERE, "..", "shared", "data", "flask-commits.txt")
-    if not os.path.exists(src):
-        pytest.skip("no ../shared/data here")
-    clean = tmp_path / "clean.txt"
-    subprocess.run("sort -s -k1,1 %s | cut -b1-291 | iconv -c -f utf-8 -t utf-8 > %s"
-                   % (src, clean), shell=True, check=True)
-    d = init(tmp_path / "mem")
-    r = cli(d, "import", str(clean))
-    assert r.code == 0 and "Imported 3806 memories" in r.out, r
-
+# ------------------------------------------------------------------------
+# Regressions from agent trials
+# ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text", ["<your line>", "<one line>", " <your line> ",
                                   "<YOUR LINE>", '"<your line>"', "<your summary>",
@@ -1018,6 +1015,56 @@ def test_import_reads_a_pipe(store):
     assert r.code == 0 and "Imported 2 memories, #0 to #1." in r.out, r
     r = cli(store, "import", "-", stdin=b"2020-01-03 from stdin\n")
     assert r.code == 0 and "#2 to #2" in r.out, r
+
+
+def test_agent_slips_get_a_way_out(store, tmp_path):
+    """Regressions from an agent trial: the `#` the prompt prints before a
+    block id, unquoted words, and `memo help help`."""
+    imported(store, tmp_path, 4)
+    r = call(store, "sleep", "#0-1", "the first pair")
+    assert r.code == 0 and r.out.startswith("0-1 saved.")
+    r = call(store, "sleep", "2-3", "Dana", "masks", "IBANs")
+    assert r.code == 1 and "quote it" in r.err
+    r = call(store, "recall", "Dana", "IBAN")
+    assert r.code == 1 and "quote it" in r.err
+    r = call(store, "sleep", "1-2", "x")
+    assert r.code == 1 and "Not a block: 1-2." in r.err and "Run: memo sleep" in r.err
+    r = call(store, "sleep", "-1-0", "x")
+    assert r.code == 1 and "put --" not in r.err
+    assert call(store, "note", "<a href> is fine inside a longer text").code == 0
+    assert call(store, "note", "Escape <text> and <line> in templates").code == 0
+    assert cli(store, "help", "help").code == 0
+
+
+# ------------------------------------------------------------------------
+# The docs say what the code does
+# ------------------------------------------------------------------------
+
+def test_ci_runs_the_readme_test_command():
+    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    command = re.search(r"^    (v=\$\(mktemp -d\) .*pytest -q test\.py)$", readme, re.M).group(1)
+    assert command in open(os.path.join(HERE, ".ci", "run")).read().splitlines()
+
+
+def test_readme_guarantees_name_real_tests():
+    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    named = set(re.findall(r"`(test_\w+)`", readme))
+    assert len(named) > 10 and all(name in globals() for name in named), \
+        sorted(n for n in named if n not in globals())
+
+
+def test_readme_history_recipe_cleans_real_history(tmp_path):
+    """The README's sort-and-trim recipe turns the messy flask history (dates
+    going backwards, subjects over 280 bytes) into an importable file."""
+    src = os.path.join(HERE, "..", "shared", "data", "flask-commits.txt")
+    if not os.path.exists(src):
+        pytest.skip("no ../shared/data here")
+    clean = tmp_path / "clean.txt"
+    subprocess.run("sort -s -k1,1 %s | cut -b1-291 | iconv -c -f utf-8 -t utf-8 > %s"
+                   % (src, clean), shell=True, check=True)
+    d = init(tmp_path / "mem")
+    r = cli(d, "import", str(clean))
+    assert r.code == 0 and "Imported 3806 memories" in r.out, r
 
 
 # ========================================================================
@@ -2378,42 +2425,3 @@ def test_chunk_check_never_passes_a_damaged_record(first):
             memo.parse_memory(first + i, bytes(bad[i * 320:(i + 1) * 320]))
         except memo.Damaged:
             assert not memo.chunk_ok(first, n, bytes(bad)), bytes(bad[i * 320:][:30])
-
-
-def test_verify_keeps_the_fix_command_verbatim(store, tmp_path):
-    """Regression: verify passed its lines through str.capitalize, which
-    lowered `Fix:` and `UTF-8` in the middle of the line."""
-    imported(store, tmp_path, 8)
-    pay_all(store)
-    with open(os.path.join(store, "TREE", "2"), "r+b") as f:
-        f.seek(288 * 2)
-        f.write(b"\xff")
-    r = call(store, "verify")
-    assert r.code == 1 and "Summary 4-5 is not valid UTF-8. Fix: memo forget 4-5" in r.out
-
-
-def test_verify_finds_summaries_without_halves(store, tmp_path):
-    imported(store, tmp_path, 64)
-    pay_all(store)
-    os.truncate(os.path.join(store, "TREE", "16"), 288)  # 16-31 and 32-47 gone
-    r = call(store, "verify")
-    assert r.code == 1 and "TREE/32 holds 2 summaries" in r.out and "memo forget 0-31" in r.out
-
-
-def test_agent_slips_get_a_way_out(store, tmp_path):
-    """Regressions from an agent trial: the `#` the prompt prints before a
-    block id, unquoted words, and `memo help help`."""
-    imported(store, tmp_path, 4)
-    r = call(store, "sleep", "#0-1", "the first pair")
-    assert r.code == 0 and r.out.startswith("0-1 saved.")
-    r = call(store, "sleep", "2-3", "Dana", "masks", "IBANs")
-    assert r.code == 1 and "quote it" in r.err
-    r = call(store, "recall", "Dana", "IBAN")
-    assert r.code == 1 and "quote it" in r.err
-    r = call(store, "sleep", "1-2", "x")
-    assert r.code == 1 and "Not a block: 1-2." in r.err and "Run: memo sleep" in r.err
-    r = call(store, "sleep", "-1-0", "x")
-    assert r.code == 1 and "put --" not in r.err
-    assert call(store, "note", "<a href> is fine inside a longer text").code == 0
-    assert call(store, "note", "Escape <text> and <line> in templates").code == 0
-    assert cli(store, "help", "help").code == 0
