@@ -199,6 +199,19 @@ def one_line(text):
     return len(text.strip().splitlines()) == 1
 
 
+def read_terminal(fd):
+    """Everything written to a pseudo-terminal's other end, until it closes."""
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the other end is closed
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
 def init(d):
     r = cli(d, "init")
     assert r.code == 0, r
@@ -890,15 +903,7 @@ def test_sleep_exec_shows_progress_only_on_a_terminal(store, tmp_path):
                          env=env_for(store), stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
     out, _ = p.communicate(timeout=60)
-    err = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        err += chunk
+    err = read_terminal(master)
     os.close(master)
     assert p.returncode == 0 and b"Paid 7 compressions" in out
     assert re.search(rb"7/7 compressions, [0-9.]+/s, \d+s left", err), err
@@ -969,15 +974,7 @@ def test_recall_highlights_only_on_a_terminal(store):
     pid, fd = pty.fork()
     if pid == 0:
         os.execve(MEMO, [MEMO, "recall", "flask"], env)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
+    out = read_terminal(fd)
     os.waitpid(pid, 0)
     assert b"\x1b[1;31mFlask\x1b[0m" in out
     piped = cli(store, "recall", "flask")
