@@ -681,6 +681,42 @@ def test_import_ok_with_bom_crlf_and_blank_lines(store, tmp_path):
     assert call(store, "recall", "^#2 ").out.startswith("#2 2020-01-03 third\n")
 
 
+BACKLOG_HINT = ("That many are best paid unattended: your user can run memo sleep "
+                "--exec (see memo help sleep).\n")
+
+
+@pytest.mark.parametrize("n, naps", [(66, 64), (68, 66)])
+def test_backlog_hint_past_64_naps(store, tmp_path, n, naps):
+    """Past BACKLOG (64) naps, import and wake both say how to pay them
+    unattended.  (From an agent trial: import said only `Run: memo sleep`,
+    while the agent block says to tell the user about thousands.)"""
+    r = call(store, "import", write_history(str(tmp_path / "h.txt"), n))
+    hint = BACKLOG_HINT if naps > 64 else ""
+    assert r.out.endswith("\n%d compressions pending.\n%sRun: memo sleep\n" % (naps, hint)), r
+    w = call(store, "wake")
+    assert w.code == 1 and w.out.startswith(
+        "Cannot wake: %d compressions pending. Do them, then run memo wake again.\n%s\n"
+        "Compress memories #0-1 " % (naps, hint)), w
+
+
+@pytest.mark.parametrize("name", ["h.txt", "my history.txt", "-"])
+def test_import_too_long_says_how_to_cut(store, tmp_path, name):
+    """A too-long line names the cut that fits every line (an agent trial
+    met it with no fix offered), for the file as the shell needs it."""
+    path = tmp_path / ("stdin.txt" if name == "-" else name)
+    path.write_bytes(b"2020-01-01 ok\n2020-01-02 " + "é".encode() * 141 + b"\n")
+    if name == "-":
+        r = cli(store, "import", "-", stdin=path.read_bytes())
+        shown_path = "<file>"
+    else:
+        r = call(store, "import", str(path))
+        shown_path = str(path) if " " not in name else "'%s'" % path
+    assert r.code == 1 and r.err == (
+        "%s line 2: Too long: 282 bytes, limit 280. Shorten it, or cut every line to fit: "
+        "cut -b1-291 %s | iconv -c -f utf-8 -t utf-8 > clean.txt\n"
+        % ("-" if name == "-" else path, shown_path)), r
+
+
 def test_import_missing_and_directory(store, tmp_path):
     for path in (str(tmp_path / "nope.txt"), str(tmp_path)):
         r = call(store, "import", path)
