@@ -922,8 +922,10 @@ def test_sleep_exec_stops_cleanly_on_ctrl_c(store, tmp_path):
     imported(store, tmp_path, 4)
     # the first nap is paid at once; the second waits, saying so, for Ctrl-C
     first, second = tmp_path / "first", tmp_path / "second"
-    command = ("cat >/dev/null; if [ -e {0} ]; then touch {1}; sleep 30; fi; touch {0}; echo sum"
-               .format(first, second))
+    # (a Ctrl-C landing while the shell starts `sleep` can miss it: then its
+    # stderr must not hold our pipe open, and it is killed at the end)
+    command = ("cat >/dev/null; if [ -e {0} ]; then touch {1}; sleep 30 2>/dev/null; fi; "
+               "touch {0}; echo sum".format(first, second))
     # a shell's background job ignores SIGINT; a terminal's foreground one does not
     p = subprocess.Popen([MEMO, "sleep", "--exec", command],
                          env=env_for(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -932,8 +934,12 @@ def test_sleep_exec_stops_cleanly_on_ctrl_c(store, tmp_path):
     deadline = time.monotonic() + 30
     while not second.exists() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    os.killpg(p.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
-    out, err = p.communicate(timeout=30)
+    try:
+        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+        out, err = p.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 130 and b"Stopped by Ctrl-C: 1 compression saved." in err, err
     assert b"Traceback" not in err and memo.pending_count(store, 4) == 2
     assert call(store, "verify").code == 0
