@@ -2511,7 +2511,7 @@ LINE_TEST_CASES = [  # pattern, the shape line_test takes it for
     (".*x.*y", "start"), (".*?error", "start"), (".+at", "start"), (".{2,}k", "start"),
     (".*", "start"), ("(?:.*)ship", "start"), (".*x$", "start"),
     (r"\w+ \w+$", "end"), (r"\w+\Z", "end"), (r"(a|b)\w*$", "end"), (r"(\w+) \1$", "end"),
-    (r"(?<=k)\w+$", "end"), (r"^\w+$", "end"), ("$", "end"), ("x|y$", "plain"),
+    (r"(?<=k)\w+$", "end"), (r"^\w+$", "plain"), (r"\A#1\d*\Z", "plain"), ("$", "end"), ("x|y$", "plain"),
     (".{0,5}x", "plain"), ("(.*)x\\1", "plain"), (".*x|y", "plain"), ("(a$)", "plain"),
     ("(?m)x$", "plain"), ("(?x) x $ # a comment", "plain"), ("(?s).*k", "start"),
     ("", "plain"), ("k.l", "plain"), (r"\$", "plain"),
