@@ -2418,10 +2418,16 @@ RECALL_PATTERNS = [
     # regexes line_test tries from the start or the end of a line
     ".*work", ".*?k.l", ".+at", r".{2,}ship$", r"\w+$", "[^ ]+$", r"(\w+) \1$",
     r"^\w+$", "(?i)o$", r"(?x) \w $ # end", r"(?<=a)\w+\Z", r"(?m)\d$", ".*$", "$",
-    # regexes holding a literal plan looks for (needle)
+    # regexes holding literals plan looks for (needles)
     r"[a-z]+ing\b", r"\w+ork", r"k\w*vin", "(?-i:K)elvin", r"ſhip\b", "İzmir$", r"JOÃO\b",
     r"\bstra(ß|ss)e", r"x\s+y", r"v2\.0", r"3\.11\b", r"#12\b", "(?a)kelvin", "(?a)ship",
     r"\d+-01-\d", r"number \d+, a", "(work)", "a,b|a b", r"\x6belvin",
+    # runs of a class first (line_test)
+    r"\w+ing", r"\S+ at", "[^ ]+ work$", "[a-z]+ship", r"\w*?vin\b", r"\w+ \w+ \w+",
+    r"\w{2,}ß", r"\S+$",
+    # alternations (needles: one literal a branch)
+    "kelvin|ship", "(kiss|ski)ng?", "work|flask|jinja", "istanbul|ſhip", r"k(?:elvin|iss)\b",
+    r"a,b|3\.11", "joão|ção", "sis|2020-01-01", "(x  y|v2)",
 ]
 
 
@@ -2470,7 +2476,7 @@ RECALL_SETTING_IDS = [",".join("%s=%s" % (k, "None" if callable(v) else v) for k
 @pytest.mark.parametrize("setting", RECALL_SETTINGS, ids=RECALL_SETTING_IDS)
 def test_recall_fast_paths_give_the_plain_answer(tricky_stores, monkeypatch, setting):
     """Every recall path (anchor, lowercased, fold partners, dense chunks,
-    whole-chunk regex, a regex's needle, line_test's shapes, memmem or
+    whole-chunk regex, a regex's needles, line_test's shapes, memmem or
     bytes.find, forked workers, no regex parser), at chunk edges,
     finds exactly what re.search(pattern, line, re.IGNORECASE) finds line
     by line, including non-ASCII case folding (João, ÇÃO, the Kelvin sign)."""
@@ -2492,45 +2498,69 @@ def test_recall_fast_paths_give_the_plain_answer(tricky_stores, monkeypatch, set
         st.close()
 
 
-NEEDLE_CASES = [  # pattern, the literal every match holds
-    ("kelvin", "kelvin"), ("a,b", "a,b"), ("[a-z]+ing\\b", "ing"), ("k.l", "k"),
-    ("\\w+ at w.rk", " at w"), ("v2\\.0", "v2.0"), ("(?x) k e l", "kel"),
-    ("(?-i:K)elvin", "elvin"), ("ab|cd", ""), ("(abc)", ""), ("a*bc?", "b"), (".", ""),
-    ("", ""), ("\\x6belvin", "kelvin"), ("a\\tb", "a\tb"), ("^#12 ", "#12 "),
+NEEDLE_CASES = [  # pattern, literals one of which every match holds
+    ("kelvin", ["kelvin"]), ("a,b", ["a,b"]), ("[a-z]+ing\\b", ["ing"]), ("k.l", ["k"]),
+    ("\\w+ at w.rk", [" at w"]), ("v2\\.0", ["v2.0"]), ("(?x) k e l", ["kel"]),
+    ("(?-i:K)elvin", ["elvin"]), ("(abc)", ["abc"]), ("a*bc?", ["b"]), (".", []),
+    ("", []), ("\\x6belvin", ["kelvin"]), ("a\\tb", ["a\tb"]), ("^#12 ", ["#12 "]),
+    ("deploy|release|merge", ["deploy", "release", "merge"]), ("ab|cd", ["ab", "cd"]),
+    ("foo|", []), ("a|b", []), ("x(deploy|release)d", ["deploy", "release"]),
+    ("fix(es)?|bug", ["fix", "bug"]), ("(?:ab|c)de", ["de"]), ("k(?:elvin|iss)\\b", ["elvin", "iss"]),
+    ("(a|bc(de|fg))x", ["x"]), ("(?:abc|(de|fg)h)x", ["abc", "de", "fg"]),
 ]
 
 
-@pytest.mark.parametrize("pattern, literal", NEEDLE_CASES)
-def test_needle_is_a_literal_every_match_holds(pattern, literal):
-    assert memo.needle(pattern, memo.regex_items(pattern)) == literal
+@pytest.mark.parametrize("pattern, literals", NEEDLE_CASES)
+def test_needles_are_literals_every_match_holds_one_of(pattern, literals):
+    assert memo.needles(pattern, memo.regex_items(pattern)) == literals
     # without re's private parser: a plain literal, else nothing
-    assert memo.needle(pattern, None) == (pattern if pattern == literal else "")
+    assert memo.needles(pattern, None) == ([pattern] if [pattern] == literals else [])
 
 
 LINE_TEST_CASES = [  # pattern, the shape line_test takes it for
     (".*x.*y", "start"), (".*?error", "start"), (".+at", "start"), (".{2,}k", "start"),
-    (".*", "start"), ("(?:.*)ship", "start"), (".*x$", "start"),
-    (r"\w+ \w+$", "end"), (r"\w+\Z", "end"), (r"(a|b)\w*$", "end"), (r"(\w+) \1$", "end"),
-    (r"(?<=k)\w+$", "end"), (r"^\w+$", "plain"), (r"\A#1\d*\Z", "plain"), ("$", "end"), ("x|y$", "plain"),
-    (".{0,5}x", "plain"), ("(.*)x\\1", "plain"), (".*x|y", "plain"), ("(a$)", "plain"),
-    ("(?m)x$", "plain"), ("(?x) x $ # a comment", "plain"), ("(?s).*k", "start"),
-    ("", "plain"), ("k.l", "plain"), (r"\$", "plain"),
+    (".*", "start"), ("(?:.*)ship", "start"), (".*x$", "start"), ("(?s).*k", "start"),
+    (r"\w+ing", "run"), (r"\S+\.py", "run"), ("[^ ]+ x", "run"), ("[a-z]+ing", "run"),
+    (r"\w*?x", "run"), (r"\w{2,}x", "run"), (r"[\w]+ \w+ \w+", "run"),
+    (r"\w+ \w+$", "run+end"), (r"\S+\Z", "run+end"),
+    (r"(a|b)\w*$", "end"), (r"(\w+) \1$", "end"), (r"(?<=k)\w+$", "end"), ("$", "end"),
+    (r"^\w+$", "plain"), (r"\A#1\d*\Z", "plain"), ("x|y$", "plain"), (".{0,5}x", "plain"),
+    ("(.*)x\\1", "plain"), (".*x|y", "plain"), ("(a$)", "plain"), ("(?m)x$", "plain"),
+    ("(?x) x $ # a comment", "plain"), ("", "plain"), ("k.l", "plain"), (r"\$", "plain"),
+    (r"\d+x", "plain"), (r"\w{0,3}x", "plain"), (r"(\w+) \1", "plain"), (r"(?i)\w+x", "plain"),
+    (r"[A-Z]+x", "plain"),
 ]
 
 
-@pytest.mark.parametrize("pattern, shape", LINE_TEST_CASES)
-def test_line_test_matches_search(pattern, shape):
-    """line_test tries `.*x` at the start only and `x$` from the end, and
-    either way says what regex.search says, on lines of every shape.
+def shape(test, rx):
+    """Which of line_test's shapes `test` is, for `rx`."""
+    if test == rx.match:
+        return "start"
+    if test == rx.search:
+        return "plain"
+    text, found = test.__self__.pattern, []
+    if text.startswith("(?<!"):
+        found.append("run")
+    if text.startswith("(?s:.*)(?:"):
+        found += ["run", "end"] if text.startswith("(?s:.*)(?:(?<!") else ["end"]
+    return "+".join(found)
+
+
+@pytest.mark.parametrize("pattern, expected", LINE_TEST_CASES)
+def test_line_test_matches_search(pattern, expected):
+    """line_test tries `.*x` at the start only, `\\w+x` from the starts of
+    runs of `\\w`, `x$` from the end, and either way says what
+    regex.search says, on lines of every shape.
     (Bug it pins: at a million memories `memo recall '.*error'` was
     stopped after 5 s, and `\\w+ \\w+$` took 3.6 s.)"""
     rx = re.compile(pattern, re.IGNORECASE)
     test = memo.line_test(pattern, rx, memo.regex_items(pattern))
-    assert {rx.match: "start", rx.search: "plain"}.get(test, "end") == shape
+    assert shape(test, rx) == expected
     rng = random.Random(pattern)
-    words = RECALL_WORDS + ["x", "y", "error", "k", "ab", "a b", "ba", "", "$", "\\"]
+    words = RECALL_WORDS + ["x", "y", "error", "k", "ab", "a b", "ba", "", "$", "\\", "ing",
+                            "kiss.py", "a.py"]
     lines = ["#%d 2020-01-01 %s" % (i, " ".join(rng.choice(words) for _ in range(i % 9)))
-             for i in range(400)] + ["", "x", "k", " ", "xy", "a a", "ks"]
+             for i in range(400)] + ["", "x", "k", " ", "xy", "a a", "ks", "ing", "king x"]
     for line in lines:
         assert bool(test(line)) == bool(rx.search(line)), (pattern, line)
 
