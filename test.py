@@ -583,6 +583,14 @@ def test_note_shows_the_nap_it_causes(store):
     assert r.out.startswith("Saved as #1.\nCompress memories #0-1 into one line")
 
 
+def test_forget_one_summary_says_just_that(store, tmp_path):
+    """Bug it pins (an agent trial): forgetting the only summary said it
+    also dropped "the summaries built on it, and every later summary"."""
+    imported(store, tmp_path, 3)
+    pay_all(store)
+    assert call(store, "forget", "0-1").out == "Forgot 1 summary: 0-1.\nRun: memo sleep\n"
+
+
 def test_forget_and_rebuild(store, tmp_path):
     imported(store, tmp_path, 40)
     pay_all(store)
@@ -590,7 +598,8 @@ def test_forget_and_rebuild(store, tmp_path):
              for n in os.listdir(os.path.join(store, "TREE"))}
     r = call(store, "forget", "16-23")
     # 16-23, 24-31 and 32-39 at level 8, 16-31 at 16, 0-31 at 32
-    assert r.code == 0 and "Forgot 5 summaries: 16-23" in r.out and "Run: memo sleep" in r.out
+    assert r.out == ("Forgot 5 summaries: 16-23, and the 4 of size 8 and up built on it "
+                     "or after it.\nRun: memo sleep\n"), r
     assert memo.pending_count(store, 40) == 5
     log = log_bytes(store)
     assert pay_all(store) == 5
@@ -669,6 +678,8 @@ def test_import_refuses_dates_before_the_store(store, tmp_path):
     path = write_history(str(tmp_path / "old.txt"), 2, day="2021-05-04")
     r = call(store, "import", path)
     assert r.code == 1 and "line 1" in r.err and "newest memory" in r.err
+    assert r.err.endswith("memo only appends. To put this history first, import it into a "
+                          "new, empty store, then import there what memo export prints here.\n")
 
 
 def test_import_ok_with_bom_crlf_and_blank_lines(store, tmp_path):
