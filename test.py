@@ -1997,6 +1997,7 @@ def test_runaway_regex_stopped_even_with_sigalrm_blocked_or_ignored(tmp_path):
     """`recall '(a+)+$'` on 40 a's then b stops at RECALL_SECONDS with a
     message, exit 1, no traceback: normally, with SIGALRM blocked, and
     ignored.  (A process of its own: signal dispositions are per process.)"""
+    assert memo.RECALL_SECONDS == 5  # as README says
     d = make_store(tmp_path / "m", ["a" * 40 + "b"])
 
     def blocked():
