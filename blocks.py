@@ -14,8 +14,6 @@ number of steps that grows with its output or with ``log2(T)``, never with
 ``complete_count`` to count them).
 """
 
-from heapq import heapify, heappop, heappush
-
 __all__ = ["is_block", "halves", "roots", "refinements", "cover",
            "complete", "complete_count", "completed_at"]
 
@@ -62,6 +60,7 @@ def refinements(T):
     newer neighbour has a larger ratio at any size >= ``s``, so it has
     already been split down to at most ``s / 2``.
     """
+    from heapq import heapify, heappop, heappush  # here: wake of a few memories needs none
     heap = [(-(hi - lo) / (T - lo), -lo, hi) for lo, hi in roots(T) if hi - lo > 1]
     heapify(heap)
     while heap:
