@@ -3308,7 +3308,7 @@ def test_wake_max_bytes_is_the_finest_that_fits(store, tmp_path):
             fits = [b for b in range(bin(300).count("1"), 61) if rendered(b) <= cap]
             want = blocks.cover(300, max(fits))
             fixed = len("Your memory, oldest first.\nYou are awake.\n")
-            assert memo.fitted_cover(st, 300, cap, fixed) == want, cap
+            assert memo.fitted_cover(st, 300, cap, fixed, {}) == want, cap
 
 
 # ------------------------------------------------------------------------
@@ -3362,6 +3362,8 @@ RECALL_PATTERNS = [
     # alternations (needles: one literal a branch)
     "kelvin|ship", "(kiss|ski)ng?", "work|flask|jinja", "istanbul|ſhip", r"k(?:elvin|iss)\b",
     r"a,b|3\.11", "joão|ção", "sis|2020-01-01", "(x  y|v2)",
+    # runs every match holds, for a dense chunk (required)
+    r"memory number \d+, a thing", r"number \d+7, a", r"at work\b.*", r"k\w+n at",
 ]
 
 
@@ -3458,6 +3460,28 @@ def test_needles_are_literals_every_match_holds_one_of(pattern, literals):
     assert memo.needles(pattern, memo.regex_items(pattern)) == literals
     # without re's private parser: a plain literal, else nothing
     assert memo.needles(pattern, None) == ([pattern] if [pattern] == literals else [])
+
+
+REQUIRED_CASES = [  # pattern, the runs every match holds (lowered, longest first)
+    (r"number \d+7, a thing", (b"7, a thing", b"number ")), ("Kelvin", (b"kelvin",)),
+    (r"a\d", ()), ("deploy|merge", ()), (r"(?x) k e l", (b"kel",)), (r"J\w+O", ()),
+    (r"(?-i:K)elvin", (b"elvin",)), (r"ção \d", ()), (r"^#12 \d", (b"#12 ",)),
+]
+
+
+@pytest.mark.parametrize("pattern, musts", REQUIRED_CASES)
+def test_required_runs_are_in_every_match(pattern, musts):
+    """required: the literal runs at a pattern's top level, each held by
+    every match (as a dense chunk's lines are sorted out): pinned, and
+    checked on lines that match."""
+    assert memo.required(memo.regex_items(pattern)) == musts
+    rx = re.compile(pattern, re.IGNORECASE)
+    rng = random.Random(pattern)
+    words = RECALL_WORDS + ["number 17, a thing", "7, A THING", "Number 27, a Thing", "#12 3"]
+    for _ in range(500):
+        line = " ".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
+        if line.isascii() and rx.search(line):
+            assert all(m in line.lower().encode() for m in musts), (pattern, line)
 
 
 LINE_TEST_CASES = [  # pattern, the shape line_test takes it for
@@ -3710,6 +3734,18 @@ def test_sleep_validates_the_line(store, tmp_path):
         assert r.code == 1 and why in r.err, (line, r)
     assert not os.path.exists(os.path.join(store, "TREE", "2")) or \
         os.path.getsize(os.path.join(store, "TREE", "2")) == 0
+
+
+def test_a_long_line_ending_in_a_colon_is_a_summary_cut_short(store, tmp_path):
+    """Regression: the rule against lead-ins (a line ending in a colon)
+    refused e2e-real's deterministic compressor, whose 270-byte cut of
+    flask's history ended `docs: :`.  A long line is a summary cut short."""
+    imported(store, tmp_path, 2)
+    cut = "Using double-backticks: ``None`` / Minor typos and spelling fixed / Tweaked " \
+          "sqlite3 documentation / explain_template_loading_attempts: docstring / docs: " \
+          "`HTTP` -> HTTP / docs: ``True``, ``False`` and ``None`` / docs: :"
+    r = call(store, "sleep", "0-1", cut)
+    assert r.code == 0 and "0-1 saved." in r.out, r
 
 
 @pytest.mark.parametrize("text", ["<your line>", "<one line>", " <your line> ",
