@@ -326,15 +326,16 @@ def imported(d, tmp_path, n, **kw):
     return d
 
 
-def quick(*settings):
+def quick(*settings, patch=""):
     """A command prefix that runs memo in a real process with some of its
-    constants changed (``("LOCK_WAIT", 2)``...): the test needs no 30 s."""
+    constants changed (``("LOCK_WAIT", 2)``...): the test needs no 30 s.
+    `patch`, Python run before main with `memo` in scope, injects a fault."""
     code = ("import sys; from importlib.machinery import SourceFileLoader; "
             "from importlib.util import module_from_spec, spec_from_loader; "
             "spec = spec_from_loader('memo', SourceFileLoader('memo', sys.argv[1])); "
             "memo = module_from_spec(spec); spec.loader.exec_module(memo); "
             + "".join("memo.%s = %r; " % s for s in settings)
-            + "sys.argv = sys.argv[1:]; memo.main()")
+            + "\n" + patch + "\nsys.argv = sys.argv[1:]; memo.main()")
     return [sys.executable, "-S", "-c", code]
 
 
@@ -490,6 +491,14 @@ def days_from_today(days):
     return str(datetime.date.today() + datetime.timedelta(days=days))
 
 
+def days_from_latest(days):
+    """The date `days` after the date it is where it is latest on Earth
+    (UTC+14): the newest date a note can have, anywhere."""
+    import datetime
+    latest = datetime.datetime.utcfromtimestamp(time.time() + 14 * 3600).date()
+    return str(latest + datetime.timedelta(days=days))
+
+
 # -- one text, one form (NFC) ---------------------------------------------
 
 SAME_TEXT = [  # (typed, as the store keeps it)
@@ -602,7 +611,9 @@ VARIATION_SELECTORS = frozenset(list(range(0x180B, 0x180E)) + [0x180F] + list(ra
 KEEP_FORMAT = frozenset([0x200C, 0x200D] + list(range(0x0600, 0x0606))
                         + [0x06DD, 0x070F, 0x0890, 0x0891, 0x08E2, 0x110BD, 0x110CD]
                         + list(range(0x13430, 0x13440)))
-VALID_FLAG = re.compile("\U0001F3F4[\U000E0030-\U000E0039\U000E0061-\U000E007A]{3,7}\U000E007F")
+VALID_FLAG = re.compile("\U0001F3F4(?:%s)\U000E007F" % "|".join(
+    "".join(chr(0xE0000 + ord(c)) for c in name) for name in ("gbeng", "gbsct", "gbwls")))
+CONTEXT_BOUND = KEEP_FORMAT | VARIATION_SELECTORS  # allowed only where real text needs them
 
 
 @functools.lru_cache(maxsize=None)
@@ -676,6 +687,19 @@ HOSTILE = [  # (text, the character memo must name, its position, 1-based)
     pytest.param(FLAG + " x" + CANCEL, 0xE007F, 4, id="flag-then-text-then-cancel-tag"),
     pytest.param("flag " + FLAG + " then " + tags("gb") + CANCEL, 0xE0067, 13,
                  id="flag-then-text-then-tags"),
+    # regression (attack): any lower-case run of 3-7 tags passed as a flag,
+    # so tags could spell hidden words; a platform draws only the RGI three
+    pytest.param("done " + FLAG + tags("ignore") + CANCEL, 0xE0069, 7, id="flag-spelling-a-word"),
+    pytest.param(FLAG + tags("ustx") + CANCEL, 0xE0075, 2, id="flag-no-platform-draws"),
+    # regression (attack): ZWJ, ZWNJ and variation selectors passed anywhere,
+    # in any number: 256 selectors spell any byte, ZWJ/ZWNJ any bit
+    pytest.param("ok\u200d\u200cok", 0x200D, 3, id="joiners-between-ascii"),
+    pytest.param("\u0645\u200c\u200c\u062e", 0x200C, 2, id="zwnj-twice"),
+    pytest.param("Shipped v2 \U0001F600\ufe00\ufe01", 0xFE01, 14, id="selector-run"),
+    pytest.param("Shipped\ufe0f v2", 0xFE0F, 8, id="selector-after-ascii"),
+    pytest.param("x \U000E0110", 0xE0110, 3, id="ideographic-selector-after-space"),
+    pytest.param("abc\u180b", 0x180B, 4, id="mongolian-selector-after-latin"),
+    pytest.param("abc\U00013431", 0x13431, 4, id="egyptian-control-after-latin"),
 ]
 
 
@@ -730,8 +754,6 @@ REAL_TEXT = [
                  id="regional-indicator-flags"),
     pytest.param(FLAG + tags("gbeng") + CANCEL + " England, " + FLAG + tags("gbsct") + CANCEL,
                  id="subdivision-flags"),
-    pytest.param(FLAG + tags("us") + tags("tx") + CANCEL + " " + FLAG + tags("fr75") + CANCEL,
-                 id="subdivision-flags-digits"),
     pytest.param("\u845b\U000E0100\u57ce\u5e02 uses an IVS", id="cjk-ideographic-vs"),
     pytest.param("\u0600\u0661\u0662\u0663 \u0631\u0642\u0645", id="arabic-number-sign"),
     pytest.param("\u05e9\u05dc\u05d5\u05dd \u05e2\u05d5\u05dc\u05dd", id="hebrew"),
@@ -785,38 +807,44 @@ def test_dates_never_go_backwards_across_time_zones(tmp_path):
     assert log_bytes(again) == log_bytes(d)
 
 
-def test_note_after_a_memory_of_tomorrow_takes_its_date(tmp_path):
+def test_note_after_a_memory_from_further_east_takes_its_date(tmp_path):
     """Issue 11 §3: a new memory's date is never earlier than the newest
-    memory's: after an import of tomorrow's date, a note is dated
-    tomorrow, and verify passes."""
+    memory's: after an import dated as it is in Kiribati (UTC+14), a note
+    takes that date, and verify passes."""
     d = text_store(tmp_path)
-    assert call(d, "import", history(tmp_path, "%s from tomorrow" % days_from_today(1))).code == 0
+    east = days_from_latest(0)
+    assert call(d, "import", history(tmp_path, "%s from the east" % east)).code == 0
     assert call(d, "note", "today").code == 0
-    assert log_bytes(d)[LOG:].startswith(("#1 %s today" % days_from_today(1)).encode())
+    assert log_bytes(d)[LOG:].startswith(("#1 %s today" % east).encode())
     assert call(d, "verify").code == 0
 
 
-@pytest.mark.parametrize("date", ["9999-12-31", days_from_today(2), days_from_today(400)],
-                         ids=["9999", "day-after-tomorrow", "next-year"])
-def test_import_refuses_a_date_beyond_tomorrow(tmp_path, date):
+@pytest.mark.parametrize("date", ["9999-12-31", days_from_latest(1), days_from_latest(400)],
+                         ids=["9999", "a day ahead of Kiribati", "next-year"])
+def test_import_refuses_a_date_in_the_future(tmp_path, date):
     """Issue 11 §3: `import` refused nothing in the future: `9999-12-31
     future` was imported, every note after it was dated before it, and the
-    store could no longer pass verify or round-trip.  A date beyond
-    tomorrow is refused, naming the line; nothing is imported."""
+    store could no longer pass verify or round-trip.  A date after the
+    latest date on Earth is refused, naming the line; nothing is imported."""
     d = text_store(tmp_path, ["kept"])
     r = call(d, "import", history(tmp_path, "%s past" % DAY, "%s future" % date))
     assert r.code == 1 and "line 2:" in r.err and date in r.err, r
     assert records(d) == ["kept"]
 
 
-def test_import_accepts_tomorrow(tmp_path):
-    """Issue 11 §3: tomorrow's date is not the future (a clock a time zone
-    ahead writes it): it imports."""
+@pytest.mark.parametrize("tz", ["<-12>12", "UTC", "<+14>-14"])
+def test_an_export_from_any_time_zone_imports_in_any_other(tmp_path, tz):
+    """Regression (attack): a note written at UTC+14, exported, and
+    imported at UTC-12 (two calendar days apart) was refused as `in the
+    future (today is ...)`.  The bound is the latest date on Earth."""
     d = text_store(tmp_path)
-    r = call(d, "import", history(tmp_path, "%s today" % days_from_today(0),
-                                  "%s tomorrow" % days_from_today(1)))
+    assert cli(d, "note", "from Kiribati", env={"TZ": "<+14>-14"}).code == 0
+    dump = tmp_path / "export.txt"
+    dump.write_bytes(cli(d, "export").raw)
+    again = text_store(tmp_path, name="again")
+    r = cli(again, "import", str(dump), env={"TZ": tz})
     assert r.code == 0, r
-    assert records(d) == ["today", "tomorrow"]
+    assert log_bytes(again) == log_bytes(d)
 
 
 # -- a summary is a summary -----------------------------------------------
@@ -827,6 +855,13 @@ NOT_SUMMARIES = [  # (line, a word of the reason)
     pytest.param("```", "fence", id="fence"),
     pytest.param("```text", "fence", id="fence-with-language"),
     pytest.param("~~~", "fence", id="tilde-fence"),
+    # regression (attack): Markdown around the colon, or a colon look-alike,
+    # or a preamble without a colon was saved as the summary
+    pytest.param("**Summary:**", "lead-in", id="bold-colon"),
+    pytest.param("**Here is the summary:**", "lead-in", id="bold-lead-in"),
+    pytest.param("Summary\ufe55", "lead-in", id="small-colon"),
+    pytest.param("Summary\u2236", "lead-in", id="ratio-colon"),
+    pytest.param("Sure! Here's the one-line summary.", "lead-in", id="preamble"),
 ]
 
 
@@ -875,9 +910,30 @@ def test_sleep_exec_skips_code_fences(tmp_path, answer):
     assert summary_of(d) == "A, b, c and d."
 
 
+@pytest.mark.parametrize("answer", ["<think>the user wants\\na line</think>\\nA, b, c and d.\\n",
+                                    "# Summary\\n\\nA, b, c and d.\\n",
+                                    "#0-1 2020-01-01 A, b, c and d.\\n",
+                                    "\u00a0A, b, c and d.\u3000\\n"],
+                         ids=["reasoning", "heading", "prompt-echo", "unicode-spaces"])
+def test_sleep_exec_takes_the_answer_out_of_what_models_add(tmp_path, answer):
+    """Regression (attack): `<think>` blocks, a `# Summary` heading, an
+    echo of the prompt's `#0-1 <date>` were saved as the summary, or in
+    it.  The summary is the answer line itself."""
+    d = text_store(tmp_path, ["a", "b"])
+    r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
+    assert r.code == 0 and "Paid 1 compression" in r.out, r
+    assert summary_of(d) == "A, b, c and d."
+
+
 @pytest.mark.parametrize("answer", ["Here is the one-line summary:\\nA and b.\\n",
-                                    "```\\n```\\n", "\\n\\n"],
-                         ids=["lead-in", "only-fences", "blank"])
+                                    "```\\n```\\n", "\\n\\n",
+                                    "**Summary:**\\nA and b.\\n",
+                                    "Here is a one-line summary \u2014\\nA and b.\\n",
+                                    "Sure! Here is the summary.\\nA and b.\\n",
+                                    "A \\377 b.\\n", "A and\u2028b.\\n",
+                                    "<think>never closed\\nA and b.\\n"],
+                         ids=["lead-in", "only-fences", "blank", "bold-lead-in", "dash-lead-in",
+                              "preamble", "not-utf-8", "line-separator", "open-think"])
 def test_sleep_exec_stops_on_a_lead_in(tmp_path, answer):
     """Issue 11 §4: an answer whose line is a lead-in (or nothing once
     fences are gone) stops --exec cleanly: exit 1, a message saying it was
@@ -1006,6 +1062,36 @@ NEAR_MISSES = [
 ]
 
 
+DISGUISED = [  # regression (attack): a key split or respelt passed the check
+    pytest.param(lambda key: key[:18] + "\u200d" + key[18:], id="zwj-inside"),
+    pytest.param(lambda key: key[:18] + "\U0001F3F4" + "".join(
+        chr(0xE0000 + ord(c)) for c in "gbeng") + "\U000E007F" + key[18:], id="flag-inside"),
+    pytest.param(lambda key: "".join(chr(ord(c) + 0xFEE0) for c in key), id="fullwidth"),
+]
+
+
+@pytest.mark.parametrize("disguise", DISGUISED)
+def test_a_disguised_secret_is_still_a_secret(tmp_path, disguise):
+    """A GitHub token with a joiner or an emoji flag inside, or in
+    fullwidth letters, reads as the token to a model: refused."""
+    d = text_store(tmp_path)
+    r = call(d, "note", "token " + disguise("ghp_" + mix(36)))
+    assert r.code == 1 and ("GitHub token" in r.err or "U+200D" in r.err), r
+    assert records(d) == []
+
+
+@pytest.mark.parametrize("text", ["\u00a0", "\u3000", "\u2800", "\u2003 \u2800\u00a0"])
+def test_a_text_of_spaces_of_any_kind_is_empty(tmp_path, text):
+    """Regression (attack): a text of no-break, ideographic or Braille
+    blank spaces was saved, showing nothing.  Spaces of every kind are
+    trimmed from the ends; nothing left is Empty."""
+    d = text_store(tmp_path)
+    r = call(d, "note", "--", text)
+    assert r.code == 1 and r.err.startswith("Empty"), r
+    assert call(d, "note", "--", "\u00a0kept\u3000").code == 0
+    assert records(d) == ["kept"]
+
+
 @pytest.mark.parametrize("text", NEAR_MISSES)
 def test_near_miss_is_not_a_secret(tmp_path, text):
     """Issue 13 §1: high precision only: hex ids, UUIDs, base64, the word
@@ -1102,7 +1188,7 @@ def test_random_unicode_through_note(tmp_path):
     accepted, refused, crashed = [], 0, []
     for _ in range(1000 if SLOW else 300):
         text = random_text(rng)
-        kept = nfc(text.strip(" \t\n\r\x0b\x0c"))
+        kept = nfc(re.sub(r"^[\s\u2800]+|[\s\u2800]+$", "", text))
         try:
             r = call(d, "note", "--", text)
         except Exception as e:  # checked last, that the rest is checked too
@@ -1120,7 +1206,10 @@ def test_random_unicode_through_note(tmp_path):
         if m:
             char, k = chr(int(m.group(1), 16)), int(m.group(2))
             assert kept[k - 1:k] == char, (text, r)
-            assert hostile(char), (text, r)
+            if "is allowed only" in r.err:  # real text needs it, elsewhere
+                assert ord(char) in CONTEXT_BOUND, (text, r)
+            else:
+                assert hostile(char), (text, r)
         elif r.err.startswith("Too long:"):
             size = len(kept.encode("utf-8"))
             assert size > 280, (text, r)
@@ -1722,6 +1811,48 @@ def test_sleep_exec_ends_its_command_when_memo_is_stopped(tmp_path, signum, comm
     assert contents(d) == before
 
 
+def test_sleep_exec_a_second_signal_still_ends_the_group(tmp_path):
+    """Regression (attack): a second Ctrl-C during the grace memo gives a
+    command that ignores TERM cut the ending short, and the command ran on
+    under PID 1.  Signals wait while memo ends the group."""
+    d = exec_store(tmp_path / "m")
+    p = subprocess.Popen(memo_argv(["sleep", "--exec", "trap '' TERM; " + SLOW_COMMAND],
+                                   [("GRACE_SECONDS", 1)]),
+                         env=env_for(d), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with cleaned_up(p):
+        poll_until(lambda: len(leftovers()) >= 3 or p.poll() is not None, 10, "the command")
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.3)  # inside the grace
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+        no_leftovers(wait=1)
+    assert p.returncode == 130 and b"Traceback" not in err, err
+
+
+@pytest.mark.parametrize("how", ["SIGKILL to memo", "setsid in the command"])
+def test_sleep_exec_nothing_escapes(tmp_path, how):
+    """Regression (attack): `kill -9` to memo left its command running
+    under PID 1 (no handler sees SIGKILL), and a command's child that
+    left the group (setsid) outlived memo, 40 of them for 40 naps.  A
+    watchdog ends the group if memo dies first; memo, the reaper of its
+    orphans, kills what left the group."""
+    d = exec_store(tmp_path / "m")
+    if how == "SIGKILL to memo":
+        p = subprocess.Popen(memo_argv(["sleep", "--exec", SLOW_COMMAND]), env=env_for(d),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        with cleaned_up(p):
+            poll_until(lambda: len(leftovers()) >= 3 or p.poll() is not None, 10, "the command")
+            p.kill()
+            p.communicate(timeout=10)
+            no_leftovers(wait=2)
+    else:
+        with cleaned_up():
+            r = cli(d, "sleep", "--exec", "cat >/dev/null; setsid sleep 600 >/dev/null "
+                    "2>&1 </dev/null & sleep 0.3; echo 'a and b'")  # gone from the group
+            assert r.code == 0 and "Paid 1 compression" in r.out, r
+            no_leftovers(wait=2)
+
+
 def test_sleep_exec_reads_until_the_command_exits(tmp_path):
     """Regression, issue 10 §2: `memo sleep --exec 'echo "a and b";
     (sleep 600 &)'` hung 10 minutes: memo read until every holder of the
@@ -1854,11 +1985,11 @@ UNBOUNDED = [
     ("250 MB line|sleep 0-1 -", ["sleep", "0-1", "-"], (b"", b"x" * MB, 250 * MB),
      "Too long: stdin holds more"),
     ("yes bad|import -", ["import", "-"], (b"", b"bad\n" * 16384, 2000 * MB),
-     "- line 1: expected `YYYY-MM-DD <text>`"),
+     "stdin line 1: expected `YYYY-MM-DD <text>`"),
     ("200 MB no newline|import -", ["import", "-"], (b"", b"x" * MB, 200 * MB),
-     "- line 1: Too long"),
+     "stdin line 1: Too long"),
     ("a line, then 200 MB|import -", ["import", "-"],
-     (b"2020-01-01 fine\n", b"x" * MB, 200 * MB), "- line 2: Too long"),
+     (b"2020-01-01 fine\n", b"x" * MB, 200 * MB), "stdin line 2: Too long"),
 ]
 
 
@@ -2331,6 +2462,51 @@ def test_ctrl_c_and_sigterm_at_any_moment(tmp_path):
     no_leftovers()
 
 
+def signal_self_in(function, signum):
+    """A `quick` patch: memo signals itself each time it calls `function`."""
+    return ("import os\n_f = memo.%s\n"
+            "def f(*a):\n    os.kill(os.getpid(), %d)\n    return _f(*a)\n"
+            "memo.%s = f" % (function, signum, function))
+
+
+SIGNAL_WINDOWS = {  # command, where the signal lands, whether it was saved
+    "note, after its write": (("note", "late"), "sync", True),
+    "import, after its rows": (("import", "-"), "Store.end_journal", True),
+    "import, among its rows": (("import", "-"), "write_rows", False),
+    "sleep, after its write": (("sleep", "0-1", "s 0-1"), "sync", True),
+    "forget, as it starts": (("forget", "0-1"), "write_aside", True),
+    "redact, as it starts": (("redact", "1", "--yes"), "write_at", True),
+}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+@pytest.mark.parametrize("window", SIGNAL_WINDOWS, ids=list(SIGNAL_WINDOWS))
+def test_a_signal_never_lands_between_a_save_and_its_news(tmp_path, window, signum):
+    """Regression (attack): a Ctrl-C or SIGTERM after a note's write and
+    before `Saved as #3.` exited 130 over a saved memory (3 runs in 300),
+    so the retry README invites saved it twice.  Now a change holds
+    signals off from its durable write until it records the save: a
+    signal there is taken after, and memo exits 0 with the news.  One in
+    the input of an import still stops it, nothing saved."""
+    args, function, saves = SIGNAL_WINDOWS[window]
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(4)],
+                   tree={2: ["s 0-1"]} if args[0] in ("forget", "redact") else None)
+    before = records(d)
+    r = subprocess.run(quick(patch=signal_self_in(function, signum)) + [MEMO] + list(args),
+                       env=env_for(d), input=b"2020-01-02 new\n" * 3, capture_output=True,
+                       timeout=60)
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert "Traceback" not in err, err
+    if saves:
+        assert r.returncode == 0 and re.match(r"Saved|Imported|0-1 saved|Forgot|Redacted", out), \
+            (r, out, err)
+        assert records(d) != before or args[0] in ("sleep", "forget")
+    else:
+        assert r.returncode == 128 + signum and "Stopped by" in err, (r, out, err)
+        assert cli(d, "note", "after").code == 0 and records(d) == before + ["after"]
+    assert call(d, "verify").code == 0
+
+
 def test_ctrl_c_during_start_up_is_no_traceback(tmp_path):
     """Regression, issue 10 §4: a SIGINT in memo's first ~100 ms printed a
     KeyboardInterrupt traceback from an import.  Ctrl-C swept across
@@ -2637,8 +2813,9 @@ def test_deleted_padding_byte_is_damage_not_debris(tmp_path):
     write(os.path.join(d, "LOG.txt"), bad)
     assert len(bad) == 1279
     v = call(d, "verify")
-    assert v.code == 1 and "crash debris" not in v.out and "truncate -s 960" in v.out, v
-    assert "#1" in v.out, v
+    # A newline inside the 319 bytes: whole records shifted, so no cut is offered.
+    assert v.code == 1 and "crash debris" not in v.out and "truncate" not in v.out, v
+    assert "#1" in v.out and "restore LOG.txt from a backup" in v.out, v
     r = call(d, "note", "lost?")
     assert r.code == 1 and "Saved" not in r.out + r.err and log_bytes(d) == bad, r
 
@@ -2730,7 +2907,7 @@ def test_a_journal_memo_did_not_write_is_never_acted_on(tmp_path):
         assert "No memories yet." not in w.out and ".journal" in w.err, (junk, w)
         assert "#9 " in w.out or "Cannot wake" in w.out, w
         v = call(d, "verify")
-        assert v.code == 1 and ".journal" in v.out and "rm " in v.out, v
+        assert v.code == 1 and "mv " in v.out and ".journal.old" in v.out, v
         r = call(d, "note", "x")
         assert r.code == 1 and ".journal" in r.err and one_line(r.err), r
         assert log_bytes(d) == data
@@ -2972,6 +3149,15 @@ def test_one_read_only_file_is_named_with_its_fix(tmp_path, name):
     r = cli(d, *args, prefix=prefix)
     assert r.code == 1 and one_line(r.err) and name.split("/")[-1] in r.err, r
     assert "Bad file descriptor" not in r.err and "Invalid argument" not in r.err, r
+    v = cli(d, "verify", prefix=prefix)
+    assert v.code == 1 and name in v.out and "cannot be written" in v.out, v
+    hist = write_history(tmp_path / "h.txt", 2, day="2019-01-01")
+    before = store_bytes(d)
+    for other in (("import", "--first", hist), ("redact", "1", "--yes")):
+        # Both check every file they rewrite before they change any.
+        r = cli(d, *other, prefix=prefix)
+        assert r.code == 1 and one_line(r.err) and name.split("/")[-1] in r.err, (other, r)
+        assert store_bytes(d) == before, other
     fix = re.search(r"Fix: (chmod [^,]*)", r.err).group(1)
     subprocess.run(fix, shell=True, check=True)
     assert cli(d, *args, prefix=prefix).code == 0
@@ -3087,6 +3273,131 @@ def test_corrupt_summary_names_block_and_forget(tmp_path, how):
     assert call(d, "verify").code == 0
 
 
+
+
+# -- damage a hostile tester made: every kind found, named, never acted on ------
+
+def test_init_on_a_damaged_store_reports_it(tmp_path):
+    """Regression (attack): `memo init` on a store whose LOG.txt holds junk
+    crashed.  Now it reports the store, names the damage, writes nothing."""
+    d = str(tmp_path / "m")
+    os.mkdir(d, 0o700)
+    write(os.path.join(d, "LOG.txt"), b"junk")
+    r = cli(d, "init")
+    assert r.code == 0 and "Found " in r.out and "LOG.txt" in r.err, r
+    assert log_bytes(d) == b"junk"
+
+
+def test_a_lost_log_is_damage_not_an_empty_store(tmp_path):
+    """Regression (attack): LOG.txt deleted under a TREE of summaries: wake
+    said `No memories yet.`, and the next note became a #0 under summaries
+    of memories gone.  Now wake exits 1 naming it, note refuses."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(4)], tree=paid_tree(4))
+    os.unlink(os.path.join(d, "LOG.txt"))
+    w = cli(d, "wake")
+    assert w.code == 1 and "LOG.txt is missing" in w.err and "No memories" not in w.out, w
+    r = call(d, "note", "x")
+    assert r.code == 1 and "LOG.txt is missing" in r.err, r
+    assert not os.path.exists(os.path.join(d, "LOG.txt"))
+    v = call(d, "verify")
+    assert v.code == 1 and "LOG.txt is missing" in v.out, v
+
+
+def test_a_damaged_stash_record_costs_that_summary_alone(tmp_path):
+    """Regression (attack): one damaged record in a stash run made the
+    whole run go.  Now the records before it go back to TREE, the damaged
+    one is written again by a nap, and the ones after it wait their turn."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(16)],
+                   tree={2: ["s %d" % k for k in range(8)]})
+    assert call(d, "forget", "0-1").code == 0
+    stash = os.path.join(d, ".stash", "2-3")
+    data = bytearray(open(stash, "rb").read())
+    assert len(data) == 7 * TREE
+    data[2 * TREE + 1] = 0xff  # block 3 (6-7)
+    write(stash, bytes(data))
+    r = call(d, "sleep", "0-1", "s again")
+    assert r.code == 0 and "0-1 saved." in r.out, r
+    with open(os.path.join(d, "TREE", "2"), "rb") as f:
+        assert f.read().startswith(srec("s again") + srec("s 1") + srec("s 2"))
+    assert tree_levels(d)[2] == 3
+    pay_all(d)
+    with open(os.path.join(d, "TREE", "2"), "rb") as f:
+        level = f.read()
+    assert level[3 * TREE:4 * TREE] == srec("event 6 / event 7")  # written again
+    assert level[4 * TREE:] == b"".join(srec("s %d" % k) for k in range(4, 8))  # came back
+    assert call(d, "verify").out.startswith("OK:")
+
+
+@pytest.mark.parametrize("lie", ["another log", "another date"])
+def test_a_redact_journal_that_does_not_fit_is_never_acted_on(tmp_path, lie):
+    """Regression (attack): a planted `redact` journal (a real line, for
+    another log or a memory of another date) made the next write blank
+    that memory.  Now it is damage: readers show the memory, writers refuse."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(4)])
+    data = log_bytes(d)
+    ino = os.stat(os.path.join(d, "LOG.txt")).st_ino
+    j = memo.Journal("redact", ino + 1, 2, DAY) if lie == "another log" else \
+        memo.Journal("redact", ino, 2, "2019-12-31")
+    write(os.path.join(d, ".journal"), j.line())
+    w = call(d, "wake")
+    assert "#2 2020-01-01 event 2" in w.out and ".journal" in w.err, w
+    r = call(d, "note", "x")
+    assert r.code == 1 and ".journal" in r.err and one_line(r.err), r
+    assert log_bytes(d) == data
+
+
+@pytest.mark.parametrize("name", [".LOG.new", ".journal.new", ".stash/2-3.new"])
+def test_a_temporary_name_memo_uses_holding_a_directory_is_not_removed(tmp_path, name):
+    """Regression (attack): a directory (or link) where memo writes a
+    temporary file was removed or followed.  Now it is not memo's: named,
+    left alone, nothing else written."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(4)], tree=paid_tree(4))
+    assert call(d, "forget", "0-1").code == 0
+    os.mkdir(os.path.join(d, *name.split("/")))
+    write(os.path.join(d, *name.split("/"), "keep"), b"mine")
+    before = store_bytes(d)
+    r = call(d, "sleep", "0-1", "s again")
+    assert r.code == 1 and one_line(r.err) and name.split("/")[-1] in r.err, r
+    assert store_bytes(d) == before
+
+
+def test_a_huge_zero_tail_is_dropped_without_reading_it(tmp_path):
+    """A power cut can leave LOG.txt with a zero-filled tail; a hostile one
+    leaves 64 GB of holes.  Readers count past it, a note cuts it (seeking
+    over the holes: reading them would take minutes)."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(3)])
+    path = os.path.join(d, "LOG.txt")
+    os.truncate(path, 3 * LOG + LOG * (1 << 28))
+    w = call(d, "wake")
+    assert w.code == 0 and "#2 " in w.out and "#3 " not in w.out, w
+    r = call(d, "note", "after")
+    assert r.code == 0 and r.out.startswith("Saved as #3."), r
+    assert os.path.getsize(path) == 4 * LOG
+
+
+def test_note_after_a_damaged_newest_memory_says_so(tmp_path):
+    """Regression (attack): the newest memory damaged (a byte of its text
+    changed), `note` saved after it and said nothing.  It still saves
+    (the damage is not at the end memo writes) and warns, naming it."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(3)])
+    data = log_bytes(d)
+    write(os.path.join(d, "LOG.txt"), _patch(data, 2 * LOG + TEXT_AT, b"\xff"))
+    r = call(d, "note", "x")
+    assert r.code == 0 and r.out.startswith("Saved as #3."), r
+    assert "Warning: " in r.err and re.search(r"#2\b", r.err), r
+
+
+def test_a_lost_final_newline_gets_a_fix_that_works(tmp_path):
+    """LOG.txt with its last byte (a newline) gone: named, with a printf
+    that puts it back; the fix leaves every memory as it was."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(3)])
+    data = log_bytes(d)
+    write(os.path.join(d, "LOG.txt"), data[:-1])
+    v = call(d, "verify")
+    fix = re.search(r"(printf .*)$", v.out, re.M)
+    assert v.code == 1 and fix, v
+    subprocess.run(fix.group(1), shell=True, check=True)
+    assert log_bytes(d) == data and call(d, "verify").code == 0
 
 
 # ------------------------------------------------------------------------
@@ -3912,6 +4223,32 @@ def test_recall_all_and_context(store, tmp_path):
         "#20 2020-01-01 event 20 happened", "#21 2020-01-01 event 21 happened",
         "#22 2020-01-01 event 22 happened", "3 matches."], r
     assert call(store, "recall", "--context=2", "event 0 ").out.count("\n") == 4
+    r = call(store, "recall", "event (10|20) ")  # no context: no `--` (grep prints none)
+    assert r.out.splitlines() == ["#10 2020-01-01 event 10 happened",
+                                  "#20 2020-01-01 event 20 happened", "2 matches."], r
+
+
+@pytest.mark.parametrize("context", [100, 1000000])
+def test_recall_context_keeps_to_the_cap(store, tmp_path, context):
+    """Regression (attack): `recall -C 1000000` printed the whole store
+    (9.2 MB of 70,000 memories): the first match's window was always taken
+    whole.  Now it takes what fits the cap, nearest memories first."""
+    imported(store, tmp_path, 400)
+    memo.PART_CHARS = 2000
+    lines, ids, order = _page(store, "-C", str(context), "event 300 ")
+    assert 300 in ids and ids == list(range(ids[0], ids[-1] + 1)), ids
+    assert len(ids) > 20 and abs((300 - ids[0]) - (ids[-1] - 300)) <= 1, ids
+
+
+def test_recall_posix_class_is_named_not_misread(store):
+    """Regression (attack): `[[:alpha:]]`, grep's letters, is in Python a
+    set of `:ahlp` then `]`: recall printed two FutureWarnings with memo's
+    source, then matched the wrong thing.  Now one line says what to use."""
+    call(store, "note", "alpha")
+    r = call(store, "recall", "[[:alpha:]]")
+    assert r.code == 1 and one_line(r.err) and "POSIX class" in r.err and "\\w" in r.err, r
+    r = cli(store, "recall", "[[a]lpha")  # a nested-set warning: silent, as Python reads it
+    assert r.code == 0 and r.err == "" and "1 match." in r.out, r
 
 
 def test_recall_colour(store):
@@ -3937,6 +4274,22 @@ def test_recall_colour(store):
 def test_recall_bad_regex(store):
     r = call(store, "recall", "(")
     assert r.code == 1 and "Bad regex" in r.err and one_line(r.err)
+    r = call(store, "recall", "[a-" * 20000)  # named, not repeated whole
+    assert r.code == 1 and one_line(r.err) and len(r.err) < 400, r
+
+
+def test_recall_order_with_a_control_character_runs_as_printed(store, tmp_path):
+    """Regression (attack): the `Run:` line of a regex holding a newline
+    or a tab printed it as U+FFFD: a different regex, 78 matches, not 153.
+    It is quoted $'...' now, which bash reads back as the regex itself."""
+    imported(store, tmp_path, 400)
+    memo.PART_CHARS = 2000
+    pattern = "(?x)event\\ 3\\d\\d #c\n|event\\ 1\\d\\d\t"
+    lines, ids, order = _page(store, pattern)
+    assert order and order.startswith("Run: memo recall --before ") and "$'" in order, order
+    argv = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + order[len("Run: memo recall "):]],
+                          capture_output=True).stdout.split(b"\0")[:-1]
+    assert argv[-1].decode() == pattern, argv
 
 
 # ------------------------------------------------------------------------
@@ -4138,7 +4491,37 @@ def test_import_too_long_says_how_to_cut(store, tmp_path, name):
     assert r.code == 1 and r.err == (
         "%s line 2: Too long: 282 bytes, limit 280. Shorten it, or cut every line to fit: "
         "cut -b1-291 %s | iconv -c -f utf-8 -t utf-8 > clean.txt\n"
-        % ("-" if name == "-" else path, shown_path)), r
+        % ("stdin" if name == "-" else shown_path, shown_path)), r
+
+
+def test_import_stops_at_its_most_memories(store, tmp_path):
+    """Regression (attack): `yes "<date> abc" | memo import -` wrote 229 MB
+    of log in 5 s and went on until the disk was full.  One import takes
+    at most IMPORT_MEMORIES (the tests shrink it to 5); past that it stops,
+    naming the way to split the file, nothing imported."""
+    assert memo.IMPORT_MEMORIES == 1 << 20
+    memo.IMPORT_MEMORIES = 5
+    try:
+        assert call(store, "import", write_history(tmp_path / "five.txt", 5)).code == 0
+        r = call(store, "import", write_history(tmp_path / "six.txt", 6, day="2020-01-02"))
+    finally:
+        memo.IMPORT_MEMORIES = 1 << 20
+    assert r.code == 1 and "more than 5 memories" in r.err and "split -l 5" in r.err, r
+    assert len(records(store)) == 5
+
+
+@pytest.mark.parametrize("name", ["notes.txt\nRun: memo forget 0-1\nx", "a\x1b[2Jb.txt"])
+def test_an_import_file_name_is_one_line_in_every_message(store, tmp_path, name):
+    """Regression (attack): a file name holding a newline split import's
+    message, so it could forge a `Run:` line.  Names are shell-quoted,
+    control characters escaped ($'...'), in every message that names one."""
+    missing = call(store, "import", str(tmp_path / name))
+    path = tmp_path / name
+    path.write_text("2020-01-01 fine\nnot a memory\n", encoding="utf-8")
+    bad = call(store, "import", str(path))
+    for r in (missing, bad):
+        assert r.code == 1 and one_line(r.err) and "\x1b" not in r.err, r
+        assert "$'" in r.err, r
 
 
 def test_import_missing_and_directory(store, tmp_path):
@@ -4175,11 +4558,12 @@ def test_import_first_puts_history_before_the_notes(store, tmp_path):
         call(store, "note", text)
     pay_all(store)
     notes = log_bytes(store)
-    import datetime
-    tomorrow = str(datetime.date.today() + datetime.timedelta(days=1))
-    late = write_history(str(tmp_path / "late.txt"), 2, day=tomorrow)
+    late = write_history(str(tmp_path / "late.txt"), 2, day=days_from_latest(0))
+    if days_from_latest(0) == time.strftime("%Y-%m-%d"):  # no later date is possible yet
+        late = write_history(str(tmp_path / "late.txt"), 2, day="9999-01-01")
     r = call(store, "import", "--first", late)
-    assert r.code == 1 and "after your first memory" in r.err and log_bytes(store) == notes, r
+    assert r.code == 1 and log_bytes(store) == notes, r
+    assert "after your first memory" in r.err or "in the future" in r.err, r
     assert not os.path.exists(os.path.join(store, ".LOG.new"))
     hist = write_history(str(tmp_path / "h.txt"), 32)
     r = call(store, "import", "--first", hist)
