@@ -17,6 +17,7 @@ import contextlib
 import errno
 import functools
 import io
+import itertools
 import os
 import random
 import re
@@ -619,7 +620,7 @@ CONTEXT_BOUND = KEEP_FORMAT | VARIATION_SELECTORS  # allowed only where real tex
 @functools.lru_cache(maxsize=None)
 def format_chars():
     """Every code point of category Cf, from unicodedata."""
-    return frozenset(c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf")
+    return frozenset(code_points_by_category()["Cf"])
 
 
 def hostile(char):
@@ -1127,10 +1128,16 @@ def test_real_history_holds_no_false_secret():
 
 @functools.lru_cache(maxsize=None)
 def code_points_by_category():
-    """{category: [code points]} over all of Unicode (all 17 planes)."""
+    """{category: [code points]} over all of Unicode (all 17 planes).
+    Planes 4-13 hold nothing assigned, planes 15-16 private use but their
+    last two (Unicode 15.1): those are filled in, not asked one by one."""
     out = {}
-    for c in range(0x110000):
+    for c in itertools.chain(range(0x40000), range(0xE0000, 0xF0000)):
         out.setdefault(unicodedata.category(chr(c)), []).append(c)
+    out["Cn"].extend(range(0x40000, 0xE0000))
+    for plane in (0xF0000, 0x100000):
+        out["Co"].extend(range(plane, plane + 0xFFFE))
+        out["Cn"].extend((plane + 0xFFFE, plane + 0xFFFF))
     return out
 
 
@@ -1817,12 +1824,12 @@ def test_sleep_exec_a_second_signal_still_ends_the_group(tmp_path):
     under PID 1.  Signals wait while memo ends the group."""
     d = exec_store(tmp_path / "m")
     p = subprocess.Popen(memo_argv(["sleep", "--exec", "trap '' TERM; " + SLOW_COMMAND],
-                                   [("GRACE_SECONDS", 1)]),
+                                   [("GRACE_SECONDS", 0.6)]),
                          env=env_for(d), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     with cleaned_up(p):
         poll_until(lambda: len(leftovers()) >= 3 or p.poll() is not None, 10, "the command")
         p.send_signal(signal.SIGINT)
-        time.sleep(0.3)  # inside the grace
+        time.sleep(0.2)  # inside the grace
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=10)
         no_leftovers(wait=1)
@@ -2143,7 +2150,7 @@ def test_recall_regex_analysis_never_raises_fuzz(tmp_path):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Possible nested set" and the like
-            for k, p in enumerate(fuzz_patterns(10, 2500 if not SLOW else 25000)):
+            for k, p in enumerate(fuzz_patterns(10, 1500 if not SLOW else 25000)):
                 try:
                     rx = re.compile(p, re.IGNORECASE)
                 except Exception as refused:
@@ -2175,7 +2182,7 @@ def test_recall_regex_analysis_never_raises_fuzz(tmp_path):
     finally:
         memo.__dict__.update(default)
         st.close()
-    assert valid > 600 and invalid > 600 and slow < 25, (valid, invalid, slow)
+    assert valid > 350 and invalid > 350 and slow < 25, (valid, invalid, slow)
     assert time.monotonic() - start < (60 if SLOW else 6)
 
 
@@ -4097,12 +4104,12 @@ def test_agent_slips_get_a_way_out(store, tmp_path):
 
 def test_sleep_exec_pays_everything(store, tmp_path):
     """README's deterministic stand-in pays every nap through the real CLI."""
-    imported(store, tmp_path, 100)
+    imported(store, tmp_path, 64)
     readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
     shell = re.search(r"""^    memo sleep --exec "(sed .*)"$""", readme, re.M).group(1)
     r = cli(store, "sleep", "--exec", shell)
-    assert r.code == 0 and "Paid 97 compressions" in r.out, r
-    assert memo.pending_count(store, 100) == 0
+    assert r.code == 0 and "Paid 63 compressions" in r.out, r
+    assert memo.pending_count(store, 64) == 0
     assert cli(store, "wake").code == 0
 
 
@@ -4822,7 +4829,7 @@ def test_import_sigkill_loop_all_or_nothing(tmp_path):
     span = (time.monotonic() - t0) * 1.2
     assert r.returncode == 0, r
     stats = {"killed": 0, "rolled back": 0, "done": 0}
-    for it in range(40 * (40 if SLOW else 1)):
+    for it in range(25 * (64 if SLOW else 1)):
         shutil.rmtree(d)
         k = rnd.randrange(0, 4)
         make_store(d, ["old %d" % i for i in range(k)])
@@ -4860,7 +4867,7 @@ def test_note_bursts_sigkill_loop(tmp_path):
     rnd = random.Random(77)
     d = make_store(tmp_path / "m")
     claimed = {}
-    for b in range(20 * (25 if SLOW else 1)):
+    for b in range(12 * (40 if SLOW else 1)):
         procs = []
         for j in range(4):
             text = "burst %d %d" % (b, j)
@@ -4891,23 +4898,23 @@ def test_note_bursts_sigkill_loop(tmp_path):
 
 
 def _steps(run):
-    """How many calls through memo's seam (SEAM: every call that changes a
-    store) `run()` makes."""
-    count = [0]
+    """The calls through memo's seam (SEAM: every call that changes a
+    store) `run()` makes: the name of each, in order."""
+    calls = []
     real = {name: getattr(memo, name) for name in memo.SEAM}
 
-    def counting(f):
+    def counting(name, f):
         def g(*a, **k):
-            count[0] += 1
+            calls.append(name)
             return f(*a, **k)
         return g
     try:
         for name, f in real.items():
-            setattr(memo, name, counting(f))
+            setattr(memo, name, counting(name, f))
         run()
     finally:
         memo.__dict__.update(real)
-    return count[0]
+    return calls
 
 
 def _crash_at(step, mode, run):
@@ -4999,12 +5006,15 @@ def test_crash_at_every_write_step(tmp_path, case):
         return run
     probe = str(tmp_path / "probe")
     shutil.copytree(base, probe)
-    steps = _steps(run_in(probe))
+    calls = _steps(run_in(probe))
     new = _texts(probe)
-    assert steps >= 2, steps
-    for step in range(1, steps + 1):
-        # dying before step k leaves what dying after step k-1 does
-        for mode in ("before", "torn", "after") if step == 1 or SLOW else ("torn", "after"):
+    assert len(calls) >= 2, calls
+    for step, name in enumerate(calls, 1):
+        # dying before step k is dying after step k-1, and only a write
+        # can be torn: so before the first, after each, torn each write
+        modes = ["before"] if step == 1 or SLOW else []
+        modes += ["torn"] if name == "write_at" else []
+        for mode in modes + ["after"]:
             d = str(tmp_path / ("s%d%s" % (step, mode)))
             shutil.copytree(base, d)
             _crash_at(step, mode, run_in(d))
@@ -5233,7 +5243,7 @@ def test_forget_racing_sleep_leaves_a_consistent_store(tmp_path):
     rnd = random.Random(5)
     T = 64
     d = make_store(tmp_path / "m", ["event %d" % i for i in range(T)])
-    stop = time.monotonic() + (8 if SLOW else 1.0)
+    stop = time.monotonic() + (8 if SLOW else 0.6)
     problems, forgot = [], []
 
     def run(args):
@@ -5386,9 +5396,9 @@ STORE_COMMANDS = [("wake",), ("wake", "--max-bytes", "200"), ("note", "x"), ("sl
 
 
 @pytest.mark.parametrize("case", BAD_STORES, ids=list(BAD_STORES))
-def test_bad_store_bytes_never_a_traceback(tmp_path, case):
+def test_bad_store_bytes_never_a_traceback(tmp_path, case, monkeypatch):
     """Any bytes or file types in the store: every command exits 0 or 1 with
-    a message, never a traceback (real processes, config applied)."""
+    a message, never a traceback (through main, so the config applies)."""
     d = make_store(tmp_path / "m", ["event %d" % i for i in range(4)], tree=paid_tree(4))
     name, data = BAD_STORES[case]
     path = os.path.join(d, *name.rstrip("/").split("/"))
@@ -5400,15 +5410,15 @@ def test_bad_store_bytes_never_a_traceback(tmp_path, case):
         os.mkdir(path, 0o700)
     else:
         write(path, data)
-    # all at once: the store's lock orders the writers, and the test halves
-    procs = [(args, subprocess.Popen([MEMO] + list(args), env=env_for(d),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-             for args in STORE_COMMANDS]
-    for args, p in procs:
-        out, err = (b.decode("utf-8", "replace") for b in p.communicate(timeout=60))
-        assert "Traceback" not in err, (args, err)
-        assert p.returncode in (0, 1), (args, out, err)
-        assert p.returncode == 0 or (err + out).strip(), (args, out, err)
+    monkeypatch.setenv("MEMORY_DIR", d)
+    for args in STORE_COMMANDS:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with pytest.raises(SystemExit) as e:
+                memo.main(list(args))  # anything but SystemExit fails the test
+        out, err = out.getvalue(), err.getvalue()
+        assert e.value.code in (0, 1), (args, out, err)
+        assert e.value.code == 0 or (err + out).strip(), (args, out, err)
 
 
 def _listing(root, skip):
@@ -5522,7 +5532,7 @@ def test_fuzz_in_process_and_cli(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     before = _listing(str(tmp_path), d)
     failures = []
-    n = 5000 * (10 if SLOW else 1)
+    n = 3000 * (16 if SLOW else 1)
     for k in range(n):
         if k % 40 == 0:
             _corrupt(rnd, d)
@@ -5548,7 +5558,7 @@ def test_fuzz_in_process_and_cli(tmp_path, monkeypatch):
         finally:
             sys.stdin = saved
             memo.__dict__.update(DEFAULT_SIZES)
-    for k in range(40 * (10 if SLOW else 1)):
+    for k in range(25 * (16 if SLOW else 1)):
         if k % 5 == 0:
             _corrupt(rnd, d)
         if not os.path.isdir(d):
