@@ -893,6 +893,9 @@ NOT_SUMMARIES = [  # (line, a word of the reason)
     pytest.param("N/A", "label", id="n-a"),
     pytest.param("I'm sorry, but I can't help with that.", "refusal", id="refusal"),
     pytest.param("***", "no word", id="rule"),
+    # regression (agent trial): a stand-in that kept the prompt's headers
+    pytest.param("#0-63 2010-04-06..2010-04-16 #0-31 2010-04-06 Initial checkin", "headers",
+                 id="copied-headers"),
 ]
 
 
@@ -4280,7 +4283,10 @@ def test_sleep_exec_stops_cleanly_on_ctrl_c(store, tmp_path):
     no_leftovers()
 
 
-def test_sleep_exec_shows_progress_only_on_a_terminal(store, tmp_path):
+def test_sleep_exec_shows_progress_as_it_goes(store, tmp_path):
+    """On a terminal, a line rewritten after each nap; elsewhere (an agent
+    reads a pipe) a line every PROGRESS_SECONDS, so a long run is not
+    silent: regression (agent trial), 92 s of silence for 3,805 naps."""
     import pty
     imported(store, tmp_path, 8)
     master, slave = pty.openpty()
@@ -4294,6 +4300,23 @@ def test_sleep_exec_shows_progress_only_on_a_terminal(store, tmp_path):
     assert re.search(rb"7/7 compressions, [0-9.]+/s, \d+s left", err), err
     piped = cli(store, "sleep", "--exec", "cat")
     assert piped.err == "" and "Paid 0 compressions" in piped.out
+    imported(store, tmp_path, 4, day="2020-01-02")
+    assert memo.PROGRESS_SECONDS == 30
+    r = qcli(store, [("PROGRESS_SECONDS", 0)], "sleep", "--exec", "cat >/dev/null; echo sum")
+    assert r.code == 0 and r.err.splitlines()[-1].startswith("3/3 compressions, "), r
+    assert "\r" not in r.err and len(r.err.splitlines()) == 3, r
+
+
+def test_sleep_exec_asks_its_command_for_the_line_alone(store, tmp_path):
+    """Regression (agent trial): the prompt fed to --exec's command held
+    `Run: memo sleep 0-1 ...`, which a model that runs tools might run."""
+    imported(store, tmp_path, 2)
+    r = cli(store, "sleep", "--exec", "cat > %s; echo sum" % (tmp_path / "prompt"))
+    assert r.code == 0, r
+    prompt = (tmp_path / "prompt").read_text(encoding="utf-8")
+    assert prompt.startswith("Compress memories #0-1 ") and "Run:" not in prompt, prompt
+    assert "memo sleep" not in prompt, prompt
+    assert prompt.rstrip().endswith("Answer with that one line only."), prompt
 
 
 # ------------------------------------------------------------------------
