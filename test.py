@@ -711,6 +711,9 @@ HOSTILE = [  # (text, the character memo must name, its position, 1-based)
     pytest.param("a \u2800\ufe01b", 0xFE01, 4, id="selector-after-braille-blank"),
     pytest.param("x\uffff", 0xFFFF, 2, id="noncharacter"),
     pytest.param("hello \u0301", 0x0301, 7, id="combining-mark-after-a-space"),
+    # regression (third attack): stacked marks, a mark on a joiner
+    pytest.param("a" + "\u0300\u0301" * 5, 0x0301, 10, id="nine-marks-on-one-letter"),
+    pytest.param("\u0645\u200d\u0301", 0x0301, 3, id="mark-on-a-joiner"),
 ]
 
 
@@ -787,6 +790,9 @@ REAL_TEXT = [
     pytest.param("\U00013437\U00013000\U00013438", id="egyptian-segment"),
     pytest.param("\U0001E900\u200d\U0001E901", id="adlam-zwj"),
     pytest.param("\u0840\u200c\u0841", id="mandaic-zwnj"),
+    # regression (third attack): standardized variants of Unicode 14
+    pytest.param("\u3002\ufe00 \uff01\ufe01 \u212c\ufe00 \U0001D49C\ufe01 \uaa60\ufe00 "
+                 "\uff10\ufe00", id="standardized-variants-14"),
 ]
 
 
@@ -893,6 +899,10 @@ NOT_SUMMARIES = [  # (line, a word of the reason)
     pytest.param("N/A", "label", id="n-a"),
     pytest.param("I'm sorry, but I can't help with that.", "refusal", id="refusal"),
     pytest.param("***", "no word", id="rule"),
+    pytest.param("I\u2019m sorry, but I can\u2019t help with that.", "refusal",
+                 id="typographic-refusal"),
+    pytest.param("Summary\u2026", "label", id="label-with-ellipsis"),
+    pytest.param("(empty)", "label", id="empty-in-parentheses"),
     # regression (agent trial): a stand-in that kept the prompt's headers
     pytest.param("#0-63 2010-04-06..2010-04-16 #0-31 2010-04-06 Initial checkin", "headers",
                  id="copied-headers"),
@@ -915,9 +925,10 @@ def test_sleep_refuses_a_lead_in_or_fence_by_hand(tmp_path, line, why):
                                   "Use `make test` before merging.", "A and b.",
                                   "Here's Bob's Q3 summary: ship v2 in May.",
                                   "Here are summary stats for Q3: 40% up.",
-                                  "# of users doubled after the v2 launch in May"],
+                                  "# of users doubled after the v2 launch in May",
+                                  "I cannot reproduce the bug in staging; fixed by pinning libc."],
                          ids=["colon-inside", "backticks-inside", "plain", "summary-after-colon",
-                              "summary-stats", "number-sign"])
+                              "summary-stats", "number-sign", "first-person"])
 def test_sleep_accepts_summaries_that_only_look_alike(tmp_path, line):
     """Issue 11 §4: a colon inside a summary, or inline code, is no lead-in."""
     d = text_store(tmp_path, ["a", "b"])
@@ -1124,6 +1135,7 @@ DISGUISED = [  # regression (attacks): a key split or respelt passed the check
     pytest.param(lambda key: "".join(chr(ord(c) + 0xFEE0) for c in key), id="fullwidth"),
     pytest.param(lambda key: key[:8] + "\U000F0000" + key[8:], id="private-use-inside"),
     pytest.param(lambda key: "".join(c + "\u0301" for c in key), id="accent-on-each"),
+    pytest.param(lambda key: "g\u04bb" + key[2:], id="cyrillic-look-alike"),
 ]
 
 
@@ -1949,6 +1961,55 @@ def test_sleep_exec_nothing_escapes(tmp_path, how):
                     "2>&1 </dev/null & sleep 0.3; echo 'a and b'")  # gone from the group
             assert r.code == 0 and "Paid 1 compression" in r.out, r
             no_leftovers(wait=2)
+
+
+# A --exec command that answers, then leaves a chain of N processes, each in
+# a session of its own and the parent of the next (argv: N)
+CHAIN = ("import os, sys, time\nsys.stdin.read()\nprint('a and b', flush=True)\n"
+         "for i in range(int(sys.argv[1])):\n    pid = os.fork()\n    if pid:\n"
+         "        if i == 0:\n            time.sleep(0.3)\n            os._exit(0)\n"
+         "        os.execvp('sleep', ['sleep', '600'])\n    os.setsid()\n"
+         "os.execvp('sleep', ['sleep', '600'])\n")
+
+
+def test_sleep_exec_ends_a_chain_of_strays_however_deep(tmp_path):
+    """Regression (attack): a chain of 150 processes, each in a session of
+    its own, came to memo link by link as each parent died; memo killed
+    100 and left 50 running.  It kills what it finds until none is left."""
+    d = exec_store(tmp_path / "m")
+    (tmp_path / "chain.py").write_text(CHAIN)
+    with cleaned_up():
+        r = cli(d, "sleep", "--exec", "%s %s 150" % (sys.executable, tmp_path / "chain.py"))
+        no_leftovers(wait=2)
+    assert r.code == 0 and "Paid 1 compression" in r.out, r
+
+
+def test_sleep_exec_goes_on_without_its_watchdog(tmp_path):
+    """Regression (attack): a command that killed the watchdog made every
+    later nap fail as "killed by SIGPIPE" (the next command's report to the
+    dead watchdog).  Without its watchdog, --exec goes on, unwatched."""
+    d = exec_store(tmp_path / "m", 4)
+    kill_dog = ("cat >/dev/null; for c in $(cat /proc/$PPID/task/*/children); do "
+                "[ $c != $$ ] && kill -9 $c; done; echo a and b")
+    r = cli(d, "sleep", "--exec", kill_dog)
+    assert r.code == 0 and "Paid 3 compressions" in r.out, r
+
+
+def test_sleep_exec_gives_its_command_no_terminal(tmp_path):
+    """Regression (attack): a command that read the terminal was stopped by
+    it (SIGTTIN: not in the terminal's foreground group), unseen, until
+    --timeout said it ran too long.  It has no terminal: the read fails at
+    once."""
+    import pty
+    d = exec_store(tmp_path / "m")
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(MEMO, [MEMO, "sleep", "--timeout", "20", "--exec",
+                         "cat >/dev/null; read x </dev/tty; echo a and b $x"], env_for(d))
+    start = time.monotonic()
+    out = read_terminal(fd)
+    os.waitpid(pid, 0)
+    assert time.monotonic() - start < 10 and b"Paid 1 compression" in out, out
 
 
 def test_sleep_exec_reads_until_the_command_exits(tmp_path):
@@ -3294,6 +3355,24 @@ def test_forget_on_a_read_only_level_changes_nothing(tmp_path):
     r = cli(d, "forget", "2-3", prefix=prefix)
     assert r.code == 1 and one_line(r.err) and "TREE/2" in r.err, r
     assert store_bytes(d) == before and not os.path.exists(os.path.join(d, ".stash"))
+
+
+def test_a_read_only_stash_file_stops_only_what_writes_it(tmp_path):
+    """Regression (attack): with the stash files read-only, verify said OK
+    while every writer (a note too, which needs none of them) failed naming
+    `<store>/2-3`.  Now verify names the file, a note and the nap that
+    puts a run back (reading it) work."""
+    prefix = _unprivileged()
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(8)],
+                   tree={2: ["s %d" % k for k in range(4)]})
+    assert call(d, "forget", "0-1").code == 0
+    for name in os.listdir(os.path.join(d, ".stash")):
+        os.chmod(os.path.join(d, ".stash", name), 0o400)
+    v = cli(d, "verify", prefix=prefix)
+    assert v.code == 1 and ".stash/" in v.out and "cannot be written" in v.out, v
+    assert cli(d, "note", "x", prefix=prefix).code == 0
+    r = cli(d, "sleep", "0-1", "s again", prefix=prefix)
+    assert r.code == 0 and tree_levels(d)[2] == 4, r
 
 
 def test_unreadable_store(tmp_path):
