@@ -704,7 +704,6 @@ HOSTILE = [  # (text, the character memo must name, its position, 1-based)
     # regression (second attack): four bits a non-ASCII letter, one a digit,
     # ZWJ between ASCII symbols, runs of Egyptian controls, noncharacters
     pytest.param("caf\u00e9\ufe05", 0xFE05, 5, id="selector-after-a-letter"),
-    pytest.param("room 1\ufe0f2", 0xFE0F, 7, id="emoji-selector-after-a-bare-digit"),
     pytest.param("a^\u200d`b", 0x200D, 3, id="zwj-between-ascii-symbols"),
     pytest.param("\u00a9\u200d\u00ae", 0x200D, 2, id="zwj-between-latin-1-symbols"),
     pytest.param("\U00013000\U00013430\U00013430 x", 0x13430, 3, id="egyptian-control-run"),
@@ -712,8 +711,7 @@ HOSTILE = [  # (text, the character memo must name, its position, 1-based)
     pytest.param("x\uffff", 0xFFFF, 2, id="noncharacter"),
     pytest.param("hello \u0301", 0x0301, 7, id="combining-mark-after-a-space"),
     # regression (third attack): stacked marks, a mark on a joiner
-    pytest.param("a" + "\u0300\u0301" * 5, 0x0301, 10, id="nine-marks-on-one-letter"),
-    pytest.param("\u0645\u200d\u0301", 0x0301, 3, id="mark-on-a-joiner"),
+    pytest.param("a" + "\u0300\u0301" * 9, 0x0301, 18, id="seventeen-marks-on-one-letter"),
 ]
 
 
@@ -793,6 +791,11 @@ REAL_TEXT = [
     # regression (third attack): standardized variants of Unicode 14
     pytest.param("\u3002\ufe00 \uff01\ufe01 \u212c\ufe00 \U0001D49C\ufe01 \uaa60\ufe00 "
                  "\uff10\ufe00", id="standardized-variants-14"),
+    # regression (fourth attack): RA + ZWJ + virama (no reph), a mark shown
+    # alone on a no-break space, a digit in emoji style
+    pytest.param("\u09b0\u200d\u09cd\u09af\u09be\u09ac (RAB)", id="bengali-ra-zwj-virama"),
+    pytest.param("the acute \u00a0\u0301 alone", id="mark-on-no-break-space"),
+    pytest.param("score 1\ufe0f", id="digit-in-emoji-style"),
 ]
 
 
@@ -903,6 +906,12 @@ NOT_SUMMARIES = [  # (line, a word of the reason)
                  id="typographic-refusal"),
     pytest.param("Summary\u2026", "label", id="label-with-ellipsis"),
     pytest.param("(empty)", "label", id="empty-in-parentheses"),
+    pytest.param("I'm afraid I can't help with that.", "refusal", id="afraid-refusal"),
+    pytest.param("Apologies, but I cannot summarize this.", "refusal", id="apologies-refusal"),
+    pytest.param("Nothing to summarize.", "label", id="nothing-to-summarize"),
+    pytest.param("Summary of memories #0-15", "label", id="summary-of-memories"),
+    pytest.param("\uff35\uff4e\uff44\uff45\uff52\uff53\uff54\uff4f\uff4f\uff44\uff0e", "label",
+                 id="fullwidth-label"),
     # regression (agent trial): a stand-in that kept the prompt's headers
     pytest.param("#0-63 2010-04-06..2010-04-16 #0-31 2010-04-06 Initial checkin", "headers",
                  id="copied-headers"),
@@ -926,9 +935,14 @@ def test_sleep_refuses_a_lead_in_or_fence_by_hand(tmp_path, line, why):
                                   "Here's Bob's Q3 summary: ship v2 in May.",
                                   "Here are summary stats for Q3: 40% up.",
                                   "# of users doubled after the v2 launch in May",
-                                  "I cannot reproduce the bug in staging; fixed by pinning libc."],
+                                  "I cannot reproduce the bug in staging; fixed by pinning libc.",
+                                  "I'm unable to reproduce the flaky test on CI; parked it.",
+                                  "Sorry, I broke main twice; added a pre-push hook.",
+                                  "I can't provide prod access myself; Ops grants it."],
                          ids=["colon-inside", "backticks-inside", "plain", "summary-after-colon",
-                              "summary-stats", "number-sign", "first-person"])
+                              "summary-stats", "number-sign", "first-person",
+                              "first-person-unable", "first-person-sorry",
+                              "first-person-cant-provide"])
 def test_sleep_accepts_summaries_that_only_look_alike(tmp_path, line):
     """Issue 11 §4: a colon inside a summary, or inline code, is no lead-in."""
     d = text_store(tmp_path, ["a", "b"])
@@ -1136,6 +1150,8 @@ DISGUISED = [  # regression (attacks): a key split or respelt passed the check
     pytest.param(lambda key: key[:8] + "\U000F0000" + key[8:], id="private-use-inside"),
     pytest.param(lambda key: "".join(c + "\u0301" for c in key), id="accent-on-each"),
     pytest.param(lambda key: "g\u04bb" + key[2:], id="cyrillic-look-alike"),
+    pytest.param(lambda key: "\u0261" + key[1:], id="latin-script-g"),
+    pytest.param(lambda key: "g\u0570p\u02cd" + key[4:], id="armenian-h-and-low-macron"),
 ]
 
 
@@ -1930,7 +1946,7 @@ ESCAPING = "cat >/dev/null; setsid sleep 600 >/dev/null 2>&1 </dev/null & sleep 
 
 @pytest.mark.parametrize("how", ["SIGKILL to memo", "SIGKILL as the command starts",
                                  "SIGKILL after a process left the group",
-                                 "setsid in the command"])
+                                 "SIGKILL to memo's whole group", "setsid in the command"])
 def test_sleep_exec_nothing_escapes(tmp_path, how):
     """Regression (attacks): `kill -9` to memo left its command running
     under PID 1 (no handler sees SIGKILL), also in the instant between
@@ -1946,13 +1962,16 @@ def test_sleep_exec_nothing_escapes(tmp_path, how):
         argv = (quick(patch=KILLED_AT_FORK) + [MEMO, "sleep", "--exec", command]
                 if "starts" in how else memo_argv(["sleep", "--exec", command]))
         p = subprocess.Popen(argv, env=env_for(d), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+                             stderr=subprocess.PIPE, start_new_session=True)
         with cleaned_up(p):
             if "starts" not in how:
                 poll_until(lambda: len(leftovers()) >= 4 or p.poll() is not None, 10,
                            "the command")
                 time.sleep(0.2)  # memo's loop sees what left the group
-                p.kill()
+                if "group" in how:  # as `timeout -s KILL` does: the watchdog too, once
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
             p.communicate(timeout=10)
             no_leftovers(wait=2)
     else:
@@ -1982,6 +2001,23 @@ def test_sleep_exec_ends_a_chain_of_strays_however_deep(tmp_path):
         r = cli(d, "sleep", "--exec", "%s %s 150" % (sys.executable, tmp_path / "chain.py"))
         no_leftovers(wait=2)
     assert r.code == 0 and "Paid 1 compression" in r.out, r
+
+
+def test_sleep_exec_spares_what_it_did_not_start(tmp_path):
+    """Regression (attack): a process the shell that ran `exec memo` had
+    started came to memo (the reaper of orphans) when its parent died, and
+    memo SIGKILLed it after a nap.  Only what the command started dies."""
+    d = exec_store(tmp_path / "m")
+    script = ("(sleep 0.3; exec sleep 600) >/dev/null 2>&1 & exec %s sleep --exec "
+              "'cat >/dev/null; sleep 0.6; echo a and b'" % MEMO)
+    with cleaned_up():
+        r = subprocess.run(["sh", "-c", script], env=env_for(d), capture_output=True,
+                           timeout=30)
+        assert r.returncode == 0 and b"Paid 1 compression" in r.stdout, r
+        alive = leftovers()
+        assert alive, "the shell's own child was killed"
+        for pid in alive:
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_sleep_exec_goes_on_without_its_watchdog(tmp_path):
@@ -3370,6 +3406,11 @@ def test_a_read_only_stash_file_stops_only_what_writes_it(tmp_path):
         os.chmod(os.path.join(d, ".stash", name), 0o400)
     v = cli(d, "verify", prefix=prefix)
     assert v.code == 1 and ".stash/" in v.out and "cannot be written" in v.out, v
+    with open(os.path.join(d, ".stash", "2-3"), "ab") as f:  # a run memo must cut now
+        f.write(b"junk")
+    r = cli(d, "note", "x", prefix=prefix)  # regression: `Bad file descriptor`
+    assert r.code == 1 and ".stash/2-3" in r.err and "permission denied" in r.err, r
+    os.truncate(os.path.join(d, ".stash", "2-3"), 3 * TREE)
     assert cli(d, "note", "x", prefix=prefix).code == 0
     r = cli(d, "sleep", "0-1", "s again", prefix=prefix)
     assert r.code == 0 and tree_levels(d)[2] == 4, r
@@ -5449,10 +5490,10 @@ def test_writers_wait_for_the_lock(tmp_path):
     released, each finishes."""
     import fcntl
     stores, procs = [], []
+    hist = write_history(tmp_path / "h.txt", 5)  # once: a rewrite would race the import
     for args in WRITERS:
         tree = None if args[0] == "sleep" else {2: ["sum 0-1", "sum 2-3"]}
         d = make_store(tmp_path / args[0], ["event %d" % i for i in range(4)], tree=tree)
-        hist = write_history(tmp_path / "h.txt", 5)
         fd = os.open(os.path.join(d, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         stores.append((d, fd, store_bytes(d)))
