@@ -981,10 +981,11 @@ def test_sleep_exec_skips_code_fences(tmp_path, answer):
                                     "#0-1 2020-01-01\\nA, b, c and d.\\n",
                                     "***\\nA, b, c and d.\\n",
                                     "<summary>A, b, c and d.</summary>\\n",
-                                    "\ufeffA, b, c and d.\\n"],
+                                    "\ufeffA, b, c and d.\\n",
+                                    "#0 2020-01-01 A, b, #1 2020-01-01 c and d. #2-3 2020-01-0"],
                          ids=["reasoning", "heading", "prompt-echo", "unicode-spaces",
                               "reasoning-without-its-start", "prompt-echo-alone", "rule",
-                              "summary-tags", "byte-order-mark"])
+                              "summary-tags", "byte-order-mark", "stand-in-keeping-headers"])
 def test_sleep_exec_takes_the_answer_out_of_what_models_add(tmp_path, answer):
     """Regression (attack): `<think>` blocks, a `# Summary` heading, an
     echo of the prompt's `#0-1 <date>` were saved as the summary, or in
