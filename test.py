@@ -1672,7 +1672,7 @@ def paid_store(path, n=4):
     return make_store(path, ["event %d" % i for i in range(n)], tree=paid_tree(n))
 
 
-# -- 1. A reader never holds the lock while it waits on its output ----------
+# -- a reader never holds the lock while it waits on its output ------------
 
 BIG = ["memory %d %s" % (i, "y" * 100) for i in range(5000)]
 READERS_STUCK = [
@@ -1797,7 +1797,7 @@ def test_a_short_wait_is_silent(tmp_path):
     assert r.code == 0 and r.err == "" and r.out.startswith("Saved as #4."), r
 
 
-# -- 2. No process outlives memo: recall's workers --------------------------
+# -- no process outlives memo: recall's workers ----------------------------
 
 WORKERS = [("WORKER_RECORDS", 300), ("CHUNK_RECORDS", 64)]
 RUNAWAY = "(x+x+)+y"
@@ -1871,7 +1871,7 @@ def process_state(pid):
         return f.read().rsplit(b") ", 1)[1][:1].decode()
 
 
-# -- 2. No process outlives memo: `sleep --exec`'s command ------------------
+# -- no process outlives memo: `sleep --exec`'s command ----------------------
 
 GRACE = 0.1
 QUICK_GRACE = [("GRACE_SECONDS", GRACE)]
@@ -2149,7 +2149,7 @@ def test_sleep_exec_stops_on_a_bad_answer_and_ends_the_group(tmp_path, command, 
     assert memo.pending_count(d, 4) == 3 - saved
 
 
-# -- 3. Input is bounded ------------------------------------------------------
+# -- input is bounded --------------------------------------------------------
 
 def feed(p, first, chunk, total):
     """Write `first`, then `chunk` over and over, up to `total` bytes, into
@@ -2234,7 +2234,7 @@ def test_import_of_a_huge_file_without_a_newline_is_refused_at_once(tmp_path):
     assert contents(d) == before
 
 
-# -- 3. Recall's regex analysis never raises ------------------------------------
+# -- recall's regex analysis never raises ----------------------------------------
 
 FUZZ_TEXTS = [
     "event", "kelvin at work", "\u212aelvin \u017fhip \u0130zmir", "stra\u00dfe", "Jo\u00e3o",
@@ -2389,7 +2389,7 @@ def test_recall_bad_regex_is_one_line(tmp_path, pattern):
     assert r.code == 1 and r.err.startswith("Bad regex ") and one_line(r.err), r
 
 
-# -- 4. A store error is a store error; an output error is an output error ----
+# -- a store error is a store error; an output error is an output error ------
 
 SAVES = {  # a command that saves: its store, and what it says once it has
     "note": (paid_store, r"Saved as #4\.$"),
@@ -3790,94 +3790,6 @@ def test_big_block_prompt_shows_two_halves(store, tmp_path):
             in r.out), r
 
 
-def test_wake_reads_what_it_can(store):
-    """Regression (issue): `memo note a; memo note b; memo wake` on a new
-    store said `Cannot wake: 1 compression pending.`  wake refuses only
-    when a summary it must print is missing; else it prints, and before
-    `You are awake.` says how many naps are pending, with its order."""
-    call(store, "note", "a")
-    call(store, "note", "b")
-    r = call(store, "wake")
-    assert r.code == 0 and r.out == ("Your memory, oldest first.\n#0 %s a\n#1 %s b\n"
-                                     "1 compression pending.\nRun: memo sleep\n"
-                                     "You are awake.\n" % (memo.today(), memo.today())), r
-    memo.WAKE_LINES = 1
-    r = call(store, "wake")
-    assert r.code == 1 and r.out.startswith("Cannot wake: 1 compression pending."), r
-
-
-def test_wake_snapshot_is_stable(store, tmp_path):
-    """A note and a paid nap between `wake k T` calls change no part's
-    lines (only the last part's live count of pending naps may change)."""
-    imported(store, tmp_path, 600)
-    pay_all(store)
-    memo.PART_CHARS = 6000
-    first = call(store, "wake", "1", "600").out
-    second = call(store, "wake", "2", "600").out
-    assert "part 1 of" in first
-    call(store, "note", "something new")
-    r = call(store, "note", "and another")  # completes block 600-601
-    assert "Compress memories #600-601" in r.out
-    call(store, "sleep", "600-601", "two new things")
-    assert call(store, "wake", "1", "600").out == first
-    assert call(store, "wake", "2", "600").out == second
-
-
-@pytest.mark.parametrize("args,why", [
-    (["1", "999"], "Start over"), (["9", "10"], "Start over"), (["0"], "whole number"),
-    (["x"], "whole number"), (["1", "2", "3"], "Usage: memo wake")])
-def test_wake_bad_part_or_T(store, tmp_path, args, why):
-    imported(store, tmp_path, 10)
-    pay_all(store)
-    r = call(store, "wake", *args)
-    assert r.code == 1 and why in r.err, r
-
-
-def test_wake_empty_and_missing(store, tmp_path):
-    r = call(store, "wake")
-    assert r.code == 0 and "No memories yet." in r.out and r.out.endswith("You are awake.\n")
-    missing = str(tmp_path / "typo")
-    r = cli(missing, "wake")
-    assert r.code == 1 and "No memory at %s." % missing in r.err and "memo init" in r.err
-    assert not os.path.exists(missing)
-
-
-def test_wake_max_bytes_fits_one_part(tmp_path):
-    store = make_store(tmp_path / "m", ["event %d happened" % i for i in range(2000)],
-                       tree=paid_tree(2000))
-    previous = 0
-    for cap in (1, 500, 3000, 9000, 20000, 200000):
-        r = call(store, "wake", "--max-bytes", str(cap))
-        assert r.code == 0 and r.out.endswith("You are awake.\n")
-        assert "part" not in r.out.splitlines()[0]
-        lines = [line for line in r.out.splitlines() if line.startswith("#")]
-        assert len(lines) >= bin(2000).count("1"), "never fewer than the coarsest cover"
-        if cap >= 3000:
-            assert len(r.out.encode()) <= cap
-            assert lines[-1].startswith("#1999 "), "the newest memory verbatim"
-        assert len(lines) >= previous and len(lines) <= memo.WAKE_LINES
-        previous = len(lines)
-    assert previous == memo.WAKE_LINES
-
-
-def test_wake_max_bytes_is_the_finest_that_fits(store, tmp_path):
-    """The one-pass search equals rendering every budget and keeping the
-    largest that fits (the slow walk it replaces)."""
-    imported(store, tmp_path, 300)
-    pay_all(store)
-    memo.WAKE_LINES = 60
-    with memo.Store(store) as st:
-        def rendered(budget):
-            lines = [memo.line(st, b) for b in blocks.cover(300, budget)]
-            return len(("Your memory, oldest first.\n%s\nYou are awake.\n"
-                        % "\n".join(lines)).encode())
-        for cap in (2500, 4000, 6000, 9000):
-            fits = [b for b in range(bin(300).count("1"), 61) if rendered(b) <= cap]
-            want = blocks.cover(300, max(fits))
-            fixed = len("Your memory, oldest first.\nYou are awake.\n")
-            assert memo.fitted_cover(st, 300, cap, fixed, {}) == want, cap
-
-
 # ------------------------------------------------------------------------
 # Search: recall's fast paths, each pinned to the plain answer
 # ------------------------------------------------------------------------
@@ -4181,6 +4093,99 @@ def test_init_names_a_store_other_than_home(tmp_path):
 
 
 # ------------------------------------------------------------------------
+# Commands: wake (its parts, as every harness gets them: check_wake, with
+# the full life of 1,000 memories, in Scheduler)
+# ------------------------------------------------------------------------
+
+def test_wake_reads_what_it_can(store):
+    """Regression (issue): `memo note a; memo note b; memo wake` on a new
+    store said `Cannot wake: 1 compression pending.`  wake refuses only
+    when a summary it must print is missing; else it prints, and before
+    `You are awake.` says how many naps are pending, with its order."""
+    call(store, "note", "a")
+    call(store, "note", "b")
+    r = call(store, "wake")
+    assert r.code == 0 and r.out == ("Your memory, oldest first.\n#0 %s a\n#1 %s b\n"
+                                     "1 compression pending.\nRun: memo sleep\n"
+                                     "You are awake.\n" % (memo.today(), memo.today())), r
+    memo.WAKE_LINES = 1
+    r = call(store, "wake")
+    assert r.code == 1 and r.out.startswith("Cannot wake: 1 compression pending."), r
+
+
+def test_wake_snapshot_is_stable(store, tmp_path):
+    """A note and a paid nap between `wake k T` calls change no part's
+    lines (only the last part's live count of pending naps may change)."""
+    imported(store, tmp_path, 600)
+    pay_all(store)
+    memo.PART_CHARS = 6000
+    first = call(store, "wake", "1", "600").out
+    second = call(store, "wake", "2", "600").out
+    assert "part 1 of" in first
+    call(store, "note", "something new")
+    r = call(store, "note", "and another")  # completes block 600-601
+    assert "Compress memories #600-601" in r.out
+    call(store, "sleep", "600-601", "two new things")
+    assert call(store, "wake", "1", "600").out == first
+    assert call(store, "wake", "2", "600").out == second
+
+
+@pytest.mark.parametrize("args,why", [
+    (["1", "999"], "Start over"), (["9", "10"], "Start over"), (["0"], "whole number"),
+    (["x"], "whole number"), (["1", "2", "3"], "Usage: memo wake")])
+def test_wake_bad_part_or_T(store, tmp_path, args, why):
+    imported(store, tmp_path, 10)
+    pay_all(store)
+    r = call(store, "wake", *args)
+    assert r.code == 1 and why in r.err, r
+
+
+def test_wake_empty_and_missing(store, tmp_path):
+    r = call(store, "wake")
+    assert r.code == 0 and "No memories yet." in r.out and r.out.endswith("You are awake.\n")
+    missing = str(tmp_path / "typo")
+    r = cli(missing, "wake")
+    assert r.code == 1 and "No memory at %s." % missing in r.err and "memo init" in r.err
+    assert not os.path.exists(missing)
+
+
+def test_wake_max_bytes_fits_one_part(tmp_path):
+    store = make_store(tmp_path / "m", ["event %d happened" % i for i in range(2000)],
+                       tree=paid_tree(2000))
+    previous = 0
+    for cap in (1, 500, 3000, 9000, 20000, 200000):
+        r = call(store, "wake", "--max-bytes", str(cap))
+        assert r.code == 0 and r.out.endswith("You are awake.\n")
+        assert "part" not in r.out.splitlines()[0]
+        lines = [line for line in r.out.splitlines() if line.startswith("#")]
+        assert len(lines) >= bin(2000).count("1"), "never fewer than the coarsest cover"
+        if cap >= 3000:
+            assert len(r.out.encode()) <= cap
+            assert lines[-1].startswith("#1999 "), "the newest memory verbatim"
+        assert len(lines) >= previous and len(lines) <= memo.WAKE_LINES
+        previous = len(lines)
+    assert previous == memo.WAKE_LINES
+
+
+def test_wake_max_bytes_is_the_finest_that_fits(store, tmp_path):
+    """The one-pass search equals rendering every budget and keeping the
+    largest that fits (the slow walk it replaces)."""
+    imported(store, tmp_path, 300)
+    pay_all(store)
+    memo.WAKE_LINES = 60
+    with memo.Store(store) as st:
+        def rendered(budget):
+            lines = [memo.line(st, b) for b in blocks.cover(300, budget)]
+            return len(("Your memory, oldest first.\n%s\nYou are awake.\n"
+                        % "\n".join(lines)).encode())
+        for cap in (2500, 4000, 6000, 9000):
+            fits = [b for b in range(bin(300).count("1"), 61) if rendered(b) <= cap]
+            want = blocks.cover(300, max(fits))
+            fixed = len("Your memory, oldest first.\nYou are awake.\n")
+            assert memo.fitted_cover(st, 300, cap, fixed, {}) == want, cap
+
+
+# ------------------------------------------------------------------------
 # Commands: note
 # ------------------------------------------------------------------------
 
@@ -4348,7 +4353,8 @@ def test_agent_slips_get_a_way_out(store, tmp_path):
 
 
 # ------------------------------------------------------------------------
-# Commands: sleep --exec
+# Commands: sleep --exec (how its command is ended and that nothing of it
+# outlives memo: Platform; what of an answer is a summary: Text)
 # ------------------------------------------------------------------------
 
 def test_sleep_exec_pays_everything(store, tmp_path):
@@ -5610,7 +5616,7 @@ def test_c_locale_latin1_output_is_utf8(tmp_path, env):
 
 
 # ------------------------------------------------------------------------
-# 12. Bad input never gives a traceback (targeted cases, then fuzz)
+# Bad input never gives a traceback (targeted cases, then fuzz)
 # ------------------------------------------------------------------------
 
 HUGE = "9" * 5000  # past Python's 4300-digit int() limit
