@@ -14,6 +14,8 @@ number of steps that grows with its output or with ``log2(T)``, never with
 ``complete_count`` to count them).
 """
 
+from itertools import islice
+
 __all__ = ["is_block", "halves", "roots", "refinements", "cover",
            "complete", "complete_count", "completed_at"]
 
@@ -59,20 +61,27 @@ def refinements(T):
     increase toward the present.  When a block of size ``s`` is split, its
     newer neighbour has a larger ratio at any size >= ``s``, so it has
     already been split down to at most ``s / 2``.
+
+    No heap is needed: the ``j``-th newest complete block of size ``s`` has
+    ``age / size == j + f`` with ``f = (T % s) / s`` in [0, 1).  So blocks
+    come in bands ``j = 1, 2, ...``, each holding the ``j``-th newest block
+    of every size that has one, in order of ``f`` (compared exactly).  A
+    tie, ``f == 0``, holds the blocks of every size that divides ``T``:
+    the newest (the smallest) goes first, except in band 1, where those
+    blocks all end at ``T`` and each is the parent of the next (the
+    largest first).  Each block costs O(1) steps, and a band O(log2(T)).
     """
-    try:  # here: wake of a few memories needs none; heapq.py itself costs 0.4 ms
-        from _heapq import heapify, heappop, heappush  # its C half, which it re-exports
-    except ImportError:
-        from heapq import heapify, heappop, heappush
-    heap = [(-(hi - lo) / (T - lo), -lo, hi) for lo, hi in roots(T) if hi - lo > 1]
-    heapify(heap)
-    while heap:
-        _, neg_lo, hi = heappop(heap)
-        lo = -neg_lo
-        yield lo, hi
-        for a, b in halves(lo, hi):
-            if b - a > 1:
-                heappush(heap, (-(b - a) / (T - a), -a, b))
+    sizes = [1 << k for k in range(1, T.bit_length())]
+    top = 1 << T.bit_length()  # above every size: (T % s) * (top // s) orders f exactly
+    for s in sorted(sizes, key=lambda s: ((T % s) * (top // s), -s)):  # band 1
+        yield T // s * s - s, T // s * s
+    order, band = sorted(sizes, key=lambda s: ((T % s) * (top // s), s)), 2
+    while order:
+        order = [s for s in order if T // s >= band]  # the sizes with a band-th block
+        for s in order:
+            lo = (T // s - band) * s
+            yield lo, lo + s
+        band += 1
 
 
 def expand(T, split):
@@ -103,20 +112,15 @@ def cover(T, budget):
     the whole budget is spent, with the extra detail going to the most recent
     memories (no tiling has fewer than ``roots(T)``, so a budget below that is
     raised to it).  Every block of size >= 2 is complete, so it is in
-    ``complete(T)``.
+    ``complete(T)``.  The cover splits exactly the first
+    ``budget - bin(T).count("1")`` blocks of ``refinements(T)``.
 
-    Costs ``O(budget log budget)`` whatever ``T`` is.
+    Costs ``O(budget + log2(T) ** 2)`` whatever ``T`` is.
     """
     if T <= budget:
         return [(i, i + 1) for i in range(T)]
     steps = budget - bin(T).count("1")
-    split = set()
-    if steps > 0:
-        for block in refinements(T):
-            split.add(block)
-            if len(split) == steps:
-                break
-    return expand(T, split)
+    return expand(T, set(islice(refinements(T), max(steps, 0))))
 
 
 def completed_at(hi):
