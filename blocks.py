@@ -65,11 +65,11 @@ def refinements(T):
     No heap is needed: the ``j``-th newest complete block of size ``s`` has
     ``age / size == j + f`` with ``f = (T % s) / s`` in [0, 1).  So blocks
     come in bands ``j = 1, 2, ...``, each holding the ``j``-th newest block
-    of every size that has one, in order of ``f`` (compared exactly).  A
-    tie, ``f == 0``, holds the blocks of every size that divides ``T``:
-    the newest (the smallest) goes first, except in band 1, where those
-    blocks all end at ``T`` and each is the parent of the next (the
-    largest first).  Each block costs O(1) steps, and a band O(log2(T)).
+    of every size that has one, in order of ``f`` (compared exactly).  Two
+    sizes tie only at ``f == 0``, where both divide ``T``: the newest block
+    (the smaller) goes first, except in band 1, where such blocks all end
+    at ``T`` and each is the parent of the next (the larger first).  Each
+    block costs O(1) steps, and a band O(log2(T)).
     """
     sizes = [1 << k for k in range(1, T.bit_length())]
     top = 1 << T.bit_length()  # above every size: (T % s) * (top // s) orders f exactly
