@@ -415,18 +415,19 @@ def heap_refinements(T):
                 heapq.heappush(heap, (-Fraction(b - a, T - a), -a, b))
 
 
-@pytest.mark.parametrize("T", list(range(0, 300)) + [511, 512, 513, 1024, 4097, 10 ** 6 + 3,
-                                                     2 ** 31 - 1, 2 ** 40, 10 ** 12 + 7])
-def test_refinements_come_in_bands_in_the_heap_order(T):
+@pytest.mark.parametrize("Ts", [range(0, 300), [4097, 10 ** 6 + 3, 2 ** 31 - 1, 2 ** 40,
+                                                10 ** 12 + 7]], ids=["small", "large"])
+def test_refinements_come_in_bands_in_the_heap_order(Ts):
     """refinements yields blocks band by band, with no heap (wake loaded
     heapq's C module for it: 0.2 ms of a 10 ms start), in exactly the order
     a heap on the exact ratio pops them: every block, for a small T; the
     first thousand (more than any wake splits) for a large one."""
     from itertools import islice
-    n = None if T < 600 else 1000
-    assert list(islice(blocks.refinements(T), n)) == list(islice(heap_refinements(T), n))
-    if T < 600:
-        assert sum(1 for _ in blocks.refinements(T)) == blocks.complete_count(T)
+    for T in Ts:
+        n = None if T < 300 else 1000
+        assert list(islice(blocks.refinements(T), n)) == list(islice(heap_refinements(T), n)), T
+        if n is None:
+            assert sum(1 for _ in blocks.refinements(T)) == blocks.complete_count(T), T
 
 
 def test_cover_detail_goes_to_the_newest():
