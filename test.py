@@ -3151,8 +3151,13 @@ def test_a_journal_memo_did_not_write_is_never_acted_on(tmp_path):
     d = make_store(tmp_path / "m")
     imported(d, tmp_path, 10)
     data = log_bytes(d)
+    ino = os.stat(os.path.join(d, "LOG.txt")).st_ino
     for junk in (b"0\n", b"memo-journal 1 import 1 0 00000000\n",
-                 memo.Journal("import", 1, 0).line()):  # a real line, for another log
+                 memo.Journal("import", 1, 0).line(),  # a real line, for another log
+                 # a good sum, a date where a number goes: these crashed (TypeError)
+                 memo.Journal("import", ino, DAY).line(),
+                 memo.Journal("redact", ino, DAY, DAY).line(),
+                 memo.Journal("first", ino, DAY, 0).line()):
         write(os.path.join(d, ".journal"), junk)
         w = call(d, "wake")
         assert "No memories yet." not in w.out and ".journal" in w.err, (junk, w)
@@ -4132,6 +4137,40 @@ def test_init_names_a_store_other_than_home(tmp_path):
 # the full life of 1,000 memories, in Scheduler)
 # ------------------------------------------------------------------------
 
+@pytest.mark.parametrize("tail", [b"#300 20", b"\0" * LOG], ids=["torn", "zeros"])
+def test_wake_reads_no_date_past_the_last_memory(tmp_path, tail):
+    """Regression: after a write cut short past memory #299 (a torn record
+    too short to hold a date, or a zero-filled tail), a wake whose cover
+    ends in a block (WAKE_LINES 5; `wake --max-bytes`, whose walk does at
+    every even T) read "memory #300"'s date from that debris and said
+    `Memory #300 does not start with ... restore it from a backup`, exit 1.
+    Both print the memory; the next note drops the debris."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(300)], tree=paid_tree(300))
+    with open(os.path.join(d, "LOG.txt"), "ab") as f:
+        f.write(tail)
+    r = cli(d, "wake", "--max-bytes", "2000")
+    assert r.code == 0 and r.out.endswith("You are awake.\n") and "#300" not in r.err, r
+    write(os.path.join(d, "config"), b"WAKE_LINES = 5\n")
+    r = cli(d, "wake")
+    assert r.code == 0 and r.out.endswith("You are awake.\n") and "#300" not in r.err, r
+    assert r.out.splitlines()[-2].startswith("#298-299 "), r
+
+
+def test_wake_max_bytes_refuses_as_wake_does(tmp_path):
+    """With a nap pending and damage elsewhere, `wake --max-bytes` says
+    `Cannot wake` and the nap, as plain wake does: it checks that every
+    summary it needs is built before it reads one (it read them all first,
+    and named the damage instead)."""
+    tree = paid_tree(300)
+    tree[4] = tree[4][:2]  # blocks 8-11, 12-15... pending
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(300)], tree=tree)
+    with open(os.path.join(d, "TREE", "4"), "r+b") as f:
+        f.write(b"sum 0-3" + b" " * 279 + b"Z")  # bytes in the padding of summary 0-3
+    plain, capped = cli(d, "wake"), cli(d, "wake", "--max-bytes", "3000")
+    assert plain.code == capped.code == 1 and "Cannot wake" in plain.out, plain
+    assert capped.out == plain.out and capped.err == plain.err, (capped, plain)
+
+
 def test_wake_reads_what_it_can(store):
     """Regression (issue): `memo note a; memo note b; memo wake` on a new
     store said `Cannot wake: 1 compression pending.`  wake refuses only
@@ -4217,7 +4256,7 @@ def test_wake_max_bytes_is_the_finest_that_fits(store, tmp_path):
             fits = [b for b in range(bin(300).count("1"), 61) if rendered(b) <= cap]
             want = blocks.cover(300, max(fits))
             fixed = len("Your memory, oldest first.\nYou are awake.\n")
-            assert memo.fitted_cover(st, 300, cap, fixed, {}) == want, cap
+            assert memo.fitted_cover(st, memo.Levels(st, 300), 300, cap, fixed, {}) == want, cap
 
 
 # ------------------------------------------------------------------------
