@@ -3142,6 +3142,12 @@ def test_no_single_byte_damage_ever_loses_a_whole_memory(tmp_path):
 
 # -- a journal is trusted only when it is memo's own (§2) --------------------
 
+def signed(body):
+    """A journal line of `body` with its right sum (zlib.crc32)."""
+    import zlib
+    return ("%s %08x\n" % (body, zlib.crc32(body.encode()))).encode()
+
+
 def test_a_journal_memo_did_not_write_is_never_acted_on(tmp_path):
     """Regression (issue example): `echo 0 > .journal` after importing 10
     memories made wake say `No memories yet.`, verify call it an import
@@ -3157,7 +3163,12 @@ def test_a_journal_memo_did_not_write_is_never_acted_on(tmp_path):
                  # a good sum, a date where a number goes: these crashed (TypeError)
                  memo.Journal("import", ino, DAY).line(),
                  memo.Journal("redact", ino, DAY, DAY).line(),
-                 memo.Journal("first", ino, DAY, 0).line()):
+                 memo.Journal("first", ino, DAY, 0).line(),
+                 # a good sum, but not as memo writes one: a redact finished with
+                 # it wrote an impossible or future date into LOG.txt
+                 memo.Journal("redact", ino, 2, "2024-02-30").line(),
+                 memo.Journal("redact", ino, 2, "9999-12-31").line(),
+                 signed("memo-journal 1 import %d 0%d" % (ino, 10 * LOG))):
         write(os.path.join(d, ".journal"), junk)
         w = call(d, "wake")
         assert "No memories yet." not in w.out and ".journal" in w.err, (junk, w)
@@ -3638,6 +3649,32 @@ def test_a_redact_journal_that_does_not_fit_is_never_acted_on(tmp_path, lie):
     r = call(d, "note", "x")
     assert r.code == 1 and ".journal" in r.err and one_line(r.err), r
     assert log_bytes(d) == data
+
+
+def test_an_unfinished_redact_of_a_torn_record_reads_as_redacted(tmp_path):
+    """Regression (attack): a redact cut short with its record's head
+    zeroed shows as `[redacted]` in plain wake, but `wake --max-bytes`
+    (and a wake whose cover ends in a block) read that memory's date from
+    the torn bytes, not the journal: `Memory #36 does not start ...
+    restore it from a backup`.  And a journal whose date no memory can
+    have (2024-02-30, or in the future) is not memo's: finishing it wrote
+    that date into LOG.txt."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(37)], tree=paid_tree(37))
+    with open(os.path.join(d, "LOG.txt"), "r+b") as f:
+        f.seek(36 * LOG)
+        f.write(b"\0" * 20)
+    ino = os.stat(os.path.join(d, "LOG.txt")).st_ino
+    write(os.path.join(d, ".journal"), memo.Journal("redact", ino, 36, DAY).line())
+    for args, config in ((["wake", "--max-bytes", "9000"], b""), (["wake"], b"WAKE_LINES = 5\n")):
+        write(os.path.join(d, "config"), config)
+        r = cli(d, *args)
+        assert r.code == 0 and r.out.endswith("#36 %s [redacted]\nYou are awake.\n" % DAY), r
+    data = log_bytes(d)
+    for date in ("2024-02-30", "9999-12-31"):
+        write(os.path.join(d, ".journal"), memo.Journal("redact", ino, 36, date).line())
+        assert "[redacted]" not in cli(d, "wake").out
+        r = cli(d, "note", "x")
+        assert r.code == 1 and ".journal" in r.err and log_bytes(d) == data, r
 
 
 @pytest.mark.parametrize("name", [".LOG.new", ".journal.new", ".stash/2-3.new"])
@@ -4156,19 +4193,42 @@ def test_wake_reads_no_date_past_the_last_memory(tmp_path, tail):
     assert r.out.splitlines()[-2].startswith("#298-299 "), r
 
 
-def test_wake_max_bytes_refuses_as_wake_does(tmp_path):
-    """With a nap pending and damage elsewhere, `wake --max-bytes` says
-    `Cannot wake` and the nap, as plain wake does: it checks that every
-    summary it needs is built before it reads one (it read them all first,
-    and named the damage instead)."""
+def test_wake_of_an_older_T_reads_no_later_memory(tmp_path):
+    """Regression (attack): `wake 1 36` read the date of memory #36, past
+    that snapshot, where its cover ended in a block (WAKE_LINES 2), so
+    damage there failed a wake that never shows it."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(37)], tree=paid_tree(37))
+    write(os.path.join(d, "config"), b"WAKE_LINES = 2\n")
+    with open(os.path.join(d, "LOG.txt"), "r+b") as f:
+        f.seek(36 * LOG)
+        f.write(b"X")
+    r = cli(d, "wake", "1", "36")
+    assert r.code == 0 and r.out == ("Your memory, oldest first.\n#0-31 %s sum 0-31\n"
+                                     "#32-35 %s sum 32-35\nYou are awake.\n" % (DAY, DAY)), r
+
+
+def test_wake_max_bytes_prints_what_it_can(tmp_path):
+    """Regression: `wake --max-bytes` answered `Cannot wake` whenever a
+    nap was pending in any block its walk passed, though plain wake
+    printed (4 notes, 3 naps: a start-up hook fell silent after a session
+    that left a nap unpaid).  It prints the finest cover whose summaries
+    are all built and that fits; only where it can print none does it
+    answer `Cannot wake`, with the nap, as wake does."""
+    d = make_store(tmp_path / "a", ["note %d" % i for i in range(4)])
+    plain, capped = cli(d, "wake"), cli(d, "wake", "--max-bytes", "100000")
+    assert plain.code == capped.code == 0 and capped.out == plain.out, (capped, plain)
+    assert "3 compressions pending." in capped.out, capped
     tree = paid_tree(300)
-    tree[4] = tree[4][:2]  # blocks 8-11, 12-15... pending
-    d = make_store(tmp_path / "m", ["event %d" % i for i in range(300)], tree=tree)
-    with open(os.path.join(d, "TREE", "4"), "r+b") as f:
-        f.write(b"sum 0-3" + b" " * 279 + b"Z")  # bytes in the padding of summary 0-3
-    plain, capped = cli(d, "wake"), cli(d, "wake", "--max-bytes", "3000")
+    tree[4] = tree[4][:2]  # blocks 8-11, 12-15... pending: in wake's cover
+    d = make_store(tmp_path / "b", ["event %d" % i for i in range(300)], tree=tree)
+    assert "Cannot wake" in cli(d, "wake").out
+    r = cli(d, "wake", "--max-bytes", "6000")
+    assert r.code == 0 and "73 compressions pending." in r.out, r
+    assert "#8-11 " not in r.out and len(r.out.encode()) <= 6000, r
+    d = make_store(tmp_path / "c", ["event %d" % i for i in range(300)])  # nothing paid
+    plain, capped = cli(d, "wake"), cli(d, "wake", "--max-bytes", "6000")
     assert plain.code == capped.code == 1 and "Cannot wake" in plain.out, plain
-    assert capped.out == plain.out and capped.err == plain.err, (capped, plain)
+    assert capped.out == plain.out, (capped, plain)
 
 
 def test_wake_reads_what_it_can(store):
