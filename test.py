@@ -4301,22 +4301,31 @@ def test_wake_max_bytes_fits_one_part(tmp_path):
     assert previous == memo.WAKE_LINES
 
 
-def test_wake_max_bytes_is_the_finest_that_fits(store, tmp_path):
+@pytest.mark.parametrize("pending", [False, True], ids=["paid", "naps pending"])
+def test_wake_max_bytes_is_the_finest_that_fits(tmp_path, pending):
     """The one-pass search equals rendering every budget and keeping the
-    largest that fits (the slow walk it replaces)."""
-    imported(store, tmp_path, 300)
-    pay_all(store)
+    largest that fits (the slow walk it replaces) among those whose
+    summaries all exist; if none fits, the smallest of those."""
+    tree = paid_tree(300)
+    if pending:
+        tree[4], tree[32] = tree[4][:2], tree[32][:5]  # 8-11..., 160-191... pending
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(300)], tree=tree)
     memo.WAKE_LINES = 60
-    with memo.Store(store) as st:
+    with memo.Store(d) as st:
+        levels = memo.Levels(st, 300)
+
         def rendered(budget):
             lines = [memo.line(st, b) for b in blocks.cover(300, budget)]
             return len(("Your memory, oldest first.\n%s\nYou are awake.\n"
                         % "\n".join(lines)).encode())
-        for cap in (2500, 4000, 6000, 9000):
-            fits = [b for b in range(bin(300).count("1"), 61) if rendered(b) <= cap]
-            want = blocks.cover(300, max(fits))
+        printable = [n for n in range(bin(300).count("1"), 61)
+                     if all(hi - lo == 1 or levels.has(lo, hi) for lo, hi in blocks.cover(300, n))]
+        assert printable and (not pending or len(printable) < 60 - 3), printable
+        for cap in (600, 2500, 4000, 6000, 9000):
+            fits = [n for n in printable if rendered(n) <= cap]
+            want = blocks.cover(300, max(fits) if fits else min(printable))
             fixed = len("Your memory, oldest first.\nYou are awake.\n")
-            assert memo.fitted_cover(st, memo.Levels(st, 300), 300, cap, fixed, {}) == want, cap
+            assert memo.fitted_cover(st, levels, 300, cap, fixed, {}) == want, cap
 
 
 # ------------------------------------------------------------------------
