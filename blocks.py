@@ -74,7 +74,7 @@ def refinements(T):
     sizes = [1 << k for k in range(1, T.bit_length())]
     top = 1 << T.bit_length()  # above every size: (T % s) * (top // s) orders f exactly
     for s in sorted(sizes, key=lambda s: ((T % s) * (top // s), -s)):  # band 1
-        yield T // s * s - s, T // s * s
+        yield T // s * s - s, T // s * s  # the newest complete block of size s
     order, band = sorted(sizes, key=lambda s: ((T % s) * (top // s), s)), 2
     while order:
         order = [s for s in order if T // s >= band]  # the sizes with a band-th block
