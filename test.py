@@ -4461,6 +4461,20 @@ def test_sleep_settled_wrong_and_idle(store, tmp_path):
         assert "You are awake." not in out
 
 
+def test_a_range_copied_from_memos_messages_names_blocks(store, tmp_path):
+    """Regression (agent trial): memo prints a range of memories with an en
+    dash (`#300–#306`); pasted into zoom it was `not a block id like
+    16-31`, naming nothing of the dash.  Read as a hyphen: a block works,
+    a range that is not one gets the nearest blocks."""
+    imported(store, tmp_path, 8)
+    pay_all(store)
+    assert call(store, "zoom", "0\u20133").out == call(store, "zoom", "0-3").out
+    assert call(store, "zoom", "#0\u2013#3").out == call(store, "zoom", "0-3").out
+    assert call(store, "zoom", "#0-#3").out == call(store, "zoom", "0-3").out
+    r = call(store, "zoom", "#1\u2013#6")
+    assert r.code == 1 and "Not a block" in r.err and "nearest: 0-7" in r.err, r
+
+
 @pytest.mark.parametrize("bid", ["1-2", "3-4", "17-32", "5-5", "0-2", "abc", "-1-2", "1e3-2"])
 def test_sleep_rejects_non_blocks_before_lookup(store, bid):
     r = call(store, "sleep", bid, "text")
