@@ -1599,6 +1599,59 @@ import termios
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
+
+# memo calls posix, not os (os costs a run 1.3 ms: README: Speed); each of
+# its stand-ins for os.path and os.environ must answer as os does.
+JOINS = [("a", "b"), ("a/", "b"), ("/", "b"), ("a", "/b"), ("", "b"), ("a", ""), ("a//", "b"),
+         ("/m", "TREE", "64"), ("/m", ".stash", "x"), ("d", "b/", "c")]
+
+
+@pytest.mark.parametrize("parts", JOINS)
+def test_join_is_os_path_join(parts):
+    assert memo.join(*parts) == os.path.join(*parts)
+
+
+HOMES = ["/home/u", "/home/u/", "/", "", "//srv//h//"]
+TILDES = ["~", "~/", "~/memory", "~/memory/", "~//m", "~root/memory", "~nobody-there-x/m",
+          "x~/m", "/abs/~/m", "", "memory"]
+
+
+@pytest.mark.parametrize("home", HOMES + [None])
+def test_expand_user_is_os_path_expanduser(monkeypatch, home):
+    """With $HOME set (even to / or nothing) or unset (the password
+    database), every path expands as os.path.expanduser expands it."""
+    if home is None:
+        monkeypatch.delenv("HOME", raising=False)
+    else:
+        monkeypatch.setenv("HOME", home)
+    for path in TILDES:
+        assert memo.expand_user(path) == os.path.expanduser(path), (home, path)
+
+
+def test_getenv_is_os_environ(monkeypatch):
+    """Set, set empty, unset, and bytes that are not UTF-8 (kept as
+    surrogates, as os.environ keeps them)."""
+    monkeypatch.setenv("MEMO_T1", "plain")
+    monkeypatch.setenv("MEMO_T2", "")
+    monkeypatch.delenv("MEMO_T3", raising=False)
+    monkeypatch.setitem(os.environb, b"MEMO_T4", b"caf\xe9 \xff")
+    for name in ("MEMO_T1", "MEMO_T2", "MEMO_T3", "MEMO_T4"):
+        assert memo.getenv(name) == os.environ.get(name), name
+
+
+def test_is_dir_and_exists_are_os_paths(tmp_path):
+    """A file, a directory, links to each, a dangling link, a link loop,
+    nothing, a path through a file, a path holding a zero byte."""
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "d").mkdir()
+    for link, target in [("lf", "f"), ("ld", "d"), ("dangling", "nowhere"), ("loop", "loop")]:
+        os.symlink(target, str(tmp_path / link))
+    for name in ["f", "d", "lf", "ld", "dangling", "loop", "none", "f/x", "d/", "lf/", "a\0b"]:
+        path = str(tmp_path / "x")[:-1] + name
+        assert memo.is_dir(path) == os.path.isdir(path), name
+        assert memo.exists(path) == os.path.exists(path), name
+        assert memo.exists(path, follow=False) == os.path.lexists(path), name
+
 WAITING = "Waiting for another memo command to finish\u2026"
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                               reason="recall forks workers only with 2 CPUs or more")
@@ -3995,7 +4048,7 @@ def test_recall_fast_paths_give_the_plain_answer(tricky_stores, monkeypatch, set
         monkeypatch.setattr(memo, "locator", lambda: memo.locate_in_pieces)
     cpus = setting.pop("cpus", None)
     if cpus:
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+        monkeypatch.setattr(memo.posix, "sched_getaffinity", lambda pid: set(range(cpus)))
     for name, value in setting.items():
         monkeypatch.setattr(memo, name, value)
     # forked workers split a log the same way whatever the regex: a third will
@@ -6236,6 +6289,41 @@ def test_the_cache_lives_beside_the_real_file_and_stays_fresh(tmp_path):
     assert r.stdout == "memo 9.9.9-edited\n", r
 
 
+# How a user may link memo onto PATH: (link name, its target), relative to
+# tmp_path; the clone is at clone/, and each case runs bin/memo.
+LINKS = {
+    "absolute": [("bin/memo", "{root}/clone/memo")],
+    "relative": [("bin/memo", "../clone/memo")],
+    "bare name": [("bin/memo", "memo2"), ("bin/memo2", "../clone/memo")],
+    "chain across dirs": [("bin/memo", "../opt/memo"), ("opt/memo", "{root}/clone/memo")],
+    "through a linked dir": [("bin/memo", "../via/memo"), ("via", "clone")],
+}
+
+
+@pytest.mark.parametrize("kind,argv0", [(kind, "absolute") for kind in LINKS]
+                         + [("relative", "relative"), ("chain across dirs", "relative")])
+def test_memo_runs_through_every_kind_of_link(tmp_path, kind, argv0):
+    """Regression (the fast start's own symlink walk, which replaced
+    os.path.realpath): absolute and relative links, chains, a linked
+    directory, and memo run by a relative path (a relative PATH entry):
+    each finds blocks.py and caches beside the real file, nowhere else."""
+    _install(tmp_path / "clone")
+    for sub in ("bin", "opt"):
+        (tmp_path / sub).mkdir()
+    for name, target in LINKS[kind]:
+        os.symlink(target.format(root=tmp_path), str(tmp_path / name))
+    d = make_store(tmp_path / "m", ["event 0", "event 1"])
+    if argv0 == "absolute":
+        argv, env = [str(tmp_path / "bin" / "memo"), "zoom", "0-1"], env_for(d)
+    else:
+        argv, env = ["memo", "zoom", "0-1"], env_for(d, {"PATH": "bin:" + BASE_ENV["PATH"]})
+    r = subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True)
+    assert r.returncode == 0 and "#1 " in r.stdout and not r.stderr, r
+    assert any(name.startswith("memo") for name in _cache(tmp_path / "clone"))
+    for sub in ("bin", "opt"):
+        assert not (tmp_path / sub / "__pycache__").exists(), sub
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
 def test_a_damaged_cache_is_replaced(tmp_path, damage):
     """A cache file that is garbage, cut short (a valid header, half the
@@ -6276,18 +6364,19 @@ def _imported(env, *args):
             if line.startswith("import time:") and "imported package" not in line}
 
 
-# Beyond the bare interpreter's own: os (1 ms of a 10 ms start, which every
-# command needs), the flock call, the block math; the rest is built in.
-AGENT_IMPORTS = {"os", "posixpath", "genericpath", "stat", "_stat", "_collections_abc",
-                 "fcntl", "blocks", "itertools", "gc", "_signal", "time", "marshal", "posix"}
+# Beyond the bare interpreter's own: _stat (S_ISREG and kin), the flock call,
+# the block math; the rest is built in.
+AGENT_IMPORTS = {"_stat", "fcntl", "blocks", "itertools", "gc", "_signal", "time",
+                 "marshal", "posix"}
 
 
 def test_an_agents_commands_load_only_what_they_need(tmp_path):
     """wake (whole, a part, capped), note, sleep and zoom, through the fast
     start, import nothing past the bare interpreter's modules and
-    AGENT_IMPORTS: not re (8 ms), not heapq's C half (wake's cover and
-    `wake --max-bytes` walk the blocks in bands: no heap), not signal,
-    subprocess or unicodedata (README: Speed)."""
+    AGENT_IMPORTS: not os (1.3 ms: memo calls its C half, posix), not re
+    (8 ms), not heapq's C half (wake's cover and `wake --max-bytes` walk the
+    blocks in bands: no heap), not signal, subprocess or unicodedata
+    (README: Speed).  With MEMORY_DIR unset too: ~ is $HOME without os."""
     d = make_store(tmp_path / "m", ["event %d" % i for i in range(300)], tree=paid_tree(300))
     env = env_for(d)
     bare = _imported(env, sys.executable, "-S", "-c", "pass")
@@ -6295,6 +6384,12 @@ def test_an_agents_commands_load_only_what_they_need(tmp_path):
                  ("note", "a plain line"), ("sleep",), ("zoom", "0-255")]:
         extra = _imported(env, MEMO, *args) - bare - AGENT_IMPORTS
         assert not extra, (args, sorted(extra))
+    home = tmp_path / "home"
+    shutil.copytree(d, str(home / "memory"))
+    env = dict(env, HOME=str(home))
+    del env["MEMORY_DIR"]
+    extra = _imported(env, MEMO, "wake") - bare - AGENT_IMPORTS
+    assert not extra, sorted(extra)
 
 
 def _pythons():
