@@ -4562,11 +4562,13 @@ def test_a_long_line_ending_in_a_colon_is_a_summary_cut_short(store, tmp_path):
                                   "<your line> webhooks use HMAC-SHA256"])
 def test_placeholders_are_refused(store, tmp_path, text):
     """Regression: an agent that ran `Run: memo sleep 2-3 "<your line>"`
-    verbatim saved the blank itself as the summary."""
+    verbatim saved the blank itself as the summary.  The refusal says
+    whose blank it is, so it reads right for a note too (agent trial: "fill"
+    what, in a note?)."""
     imported(store, tmp_path, 2)
     for args in (["note", text], ["sleep", "0-1", text]):
         r = call(store, *args)
-        assert r.code == 1 and "blank to fill" in r.err, args
+        assert r.code == 1 and "blank to fill in memo's prompts" in r.err, args
     assert memo.pending_count(store, 2) == 1
 
 
