@@ -4233,6 +4233,29 @@ def test_init_is_idempotent_with_a_temporary_home(tmp_path):
     assert (d / "config").read_bytes() == config
 
 
+@pytest.mark.parametrize("memory_dir,home", [("~nosuchuser-memo/x", "/tmp"),
+                                              ("~/memory", None)])
+def test_a_tilde_no_home_answers_is_refused(tmp_path, memory_dir, home):
+    """Attack: with ~ unexpandable (no such user; no $HOME and, for a user
+    the password database lacks, no home there) init made a directory
+    named `~` in the working directory.  Now one line, nothing made."""
+    env = dict(BASE_ENV, MEMORY_DIR=memory_dir)
+    if home is None:
+        env.pop("HOME", None)
+        prefix = ["setpriv", "--reuid=54321", "--regid=54321", "--clear-groups", "--"]
+        if os.geteuid() != 0 or not shutil.which("setpriv"):
+            pytest.skip("needs root and setpriv to run as a user with no passwd entry")
+    else:
+        env["HOME"], prefix = home, []
+    work = tmp_path / "work"
+    work.mkdir(mode=0o777)
+    os.chmod(str(work), 0o777)
+    r = subprocess.run(prefix + [MEMO, "init"], env=env, cwd=str(work), capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and one_line(r.stderr) and "full path" in r.stderr, r
+    assert os.listdir(str(work)) == []
+
+
 def test_init_names_a_store_other_than_home(tmp_path):
     """The block names a store other than ~/memory, MEMORY_DIR quoted."""
     d = tmp_path / "team memory"
@@ -5331,6 +5354,60 @@ def test_memo_copied_without_blocks_says_so(tmp_path):
                        env=env_for(tmp_path))
     assert r.returncode == 1 and "blocks.py" in r.stderr and one_line(r.stderr), r
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("damage", ["syntax", "not UTF-8", "a directory"])
+def test_a_broken_blocks_py_is_one_line(tmp_path, damage):
+    """blocks.py there but not loadable (attack on the fast start: it said
+    `memo: SyntaxError: ...`): one line naming the file and the fix."""
+    exe = _install(tmp_path / "clone")
+    target = tmp_path / "clone" / "blocks.py"
+    target.unlink()
+    if damage == "a directory":
+        target.mkdir()
+    else:
+        target.write_bytes(b"def (:\n" if damage == "syntax" else b"x = '\xff'\n")
+    r = subprocess.run([str(exe), "wake"], capture_output=True, text=True, env=env_for(tmp_path))
+    assert r.returncode == 1 and one_line(r.stderr) and "Traceback" not in r.stderr, r
+    assert "blocks.py" in r.stderr and not re.match(r"memo: \w+Error: ", r.stderr), r
+
+
+def test_python3_on_a_link_imports_from_the_real_directory(tmp_path):
+    """Regression (attack on the fast start): `python3 <link to memo>` put
+    the link's directory first in sys.path, so a blocks.py or signal.py
+    there shadowed memo's own.  Imports come from the real directory."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(MEMO, str(bin_dir / "memo"))
+    (bin_dir / "blocks.py").write_text('raise SystemExit("the wrong blocks.py")\n')
+    (bin_dir / "signal.py").write_text('raise SystemExit("the wrong signal.py")\n')
+    d = make_store(tmp_path / "m", ["event 0", "event 1"])
+    for args in (["wake"], ["recall", "event"]):
+        r = subprocess.run([sys.executable, str(bin_dir / "memo")] + args, env=env_for(d),
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and "wrong" not in r.stdout + r.stderr, (args, r)
+
+
+def test_a_deleted_working_directory_is_one_line(tmp_path):
+    """Attack: memo run by a relative path from a directory since deleted
+    said `memo: FileNotFoundError: ...`.  One line: what and the fix."""
+    exe = _install(tmp_path / "clone")
+    gone = tmp_path / "a" / "gone"
+    gone.mkdir(parents=True)
+    rel = os.path.relpath(str(exe), str(gone))
+    r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" wake', "sh", str(gone),
+                        rel], capture_output=True, text=True, env=env_for(tmp_path / "m"))
+    err = r.stderr.replace("sh: 0: getcwd() failed: No such file or directory\n", "")
+    assert r.returncode == 1 and one_line(err) and "working directory was deleted" in err, r
+
+
+def test_warnings_as_errors_print_nothing_more(tmp_path):
+    """Attack: PYTHONWARNINGS=error (or PYTHONDEVMODE) turned the start-up's
+    unclosed read of memo into `Exception ignored ... ResourceWarning`."""
+    d = make_store(tmp_path / "m", ["event 0", "event 1"])
+    for extra in ({"PYTHONWARNINGS": "error"}, {"PYTHONDEVMODE": "1"}):
+        r = cli(d, "zoom", "0-1", env=extra)
+        assert r.code == 0 and r.err == "" and r.out.startswith("#0 "), (extra, r)
 
 
 def test_symlink_on_path_finds_blocks(store, tmp_path):
