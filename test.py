@@ -5356,7 +5356,7 @@ def test_memo_copied_without_blocks_says_so(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("damage", ["syntax", "not UTF-8", "a directory"])
+@pytest.mark.parametrize("damage", ["syntax", "not UTF-8", "a directory", "a bad import"])
 def test_a_broken_blocks_py_is_one_line(tmp_path, damage):
     """blocks.py there but not loadable (attack on the fast start: it said
     `memo: SyntaxError: ...`): one line naming the file and the fix."""
@@ -5366,10 +5366,29 @@ def test_a_broken_blocks_py_is_one_line(tmp_path, damage):
     if damage == "a directory":
         target.mkdir()
     else:
-        target.write_bytes(b"def (:\n" if damage == "syntax" else b"x = '\xff'\n")
+        target.write_bytes({"syntax": b"def (:\n", "not UTF-8": b"x = '\xff'\n",
+                            "a bad import": b"import no_such_module_here\n"}[damage])
     r = subprocess.run([str(exe), "wake"], capture_output=True, text=True, env=env_for(tmp_path))
     assert r.returncode == 1 and one_line(r.stderr) and "Traceback" not in r.stderr, r
     assert "blocks.py" in r.stderr and not re.match(r"memo: \w+Error: ", r.stderr), r
+    if damage == "a bad import":  # its own import failed: blocks.py is there, not missing
+        assert "cannot be loaded" in r.stderr, r
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "truncated"])
+def test_a_damaged_cache_of_blocks_is_replaced(tmp_path, damage):
+    """Attack: a damaged __pycache__ copy of blocks.py stopped every command
+    with a fix (git checkout blocks.py) that could not fix it.  memo drops
+    it and loads blocks.py afresh, as it does for its own cache."""
+    exe = _install(tmp_path / "clone")
+    d = make_store(tmp_path / "m", ["event 0", "event 1"])
+    assert subprocess.run([str(exe), "--version"], env=BASE_ENV).returncode == 0
+    pyc = next(p for p in (tmp_path / "clone" / "__pycache__").iterdir()
+               if p.name.startswith("blocks"))
+    data = pyc.read_bytes()
+    pyc.write_bytes(data[:16] + (b"\0" * (len(data) - 16) if damage == "zeroed" else data[16:40]))
+    r = subprocess.run([str(exe), "zoom", "0-1"], env=env_for(d), capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("#0 ") and not r.stderr, r
 
 
 def test_python3_on_a_link_imports_from_the_real_directory(tmp_path):
