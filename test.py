@@ -5356,7 +5356,8 @@ def test_memo_copied_without_blocks_says_so(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("damage", ["syntax", "not UTF-8", "a directory", "a bad import"])
+@pytest.mark.parametrize("damage", ["syntax", "not UTF-8", "a directory", "a bad import",
+                                    "empty", "exits 0"])
 def test_a_broken_blocks_py_is_one_line(tmp_path, damage):
     """blocks.py there but not loadable (attack on the fast start: it said
     `memo: SyntaxError: ...`): one line naming the file and the fix."""
@@ -5367,11 +5368,12 @@ def test_a_broken_blocks_py_is_one_line(tmp_path, damage):
         target.mkdir()
     else:
         target.write_bytes({"syntax": b"def (:\n", "not UTF-8": b"x = '\xff'\n",
-                            "a bad import": b"import no_such_module_here\n"}[damage])
+                            "a bad import": b"import no_such_module_here\n", "empty": b"",
+                            "exits 0": b"import sys\nsys.exit(0)\n"}[damage])
     r = subprocess.run([str(exe), "wake"], capture_output=True, text=True, env=env_for(tmp_path))
     assert r.returncode == 1 and one_line(r.stderr) and "Traceback" not in r.stderr, r
     assert "blocks.py" in r.stderr and not re.match(r"memo: \w+Error: ", r.stderr), r
-    if damage == "a bad import":  # its own import failed: blocks.py is there, not missing
+    if damage != "a directory":  # there, so not missing: it cannot be loaded
         assert "cannot be loaded" in r.stderr, r
 
 
