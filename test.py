@@ -5361,7 +5361,7 @@ def test_memo_copied_without_blocks_says_so(tmp_path):
 def test_a_broken_blocks_py_is_one_line(tmp_path, damage):
     """blocks.py there but not loadable (attack on the fast start: it said
     `memo: SyntaxError: ...`): one line naming the file and the fix."""
-    exe = _install(tmp_path / "clone")
+    exe = _install(tmp_path / "clone", cached=True)
     target = tmp_path / "clone" / "blocks.py"
     target.unlink()
     if damage == "a directory":
@@ -5382,7 +5382,7 @@ def test_a_damaged_cache_of_blocks_is_replaced(tmp_path, damage):
     """Attack: a damaged __pycache__ copy of blocks.py stopped every command
     with a fix (git checkout blocks.py) that could not fix it.  memo drops
     it and loads blocks.py afresh, as it does for its own cache."""
-    exe = _install(tmp_path / "clone")
+    exe = _install(tmp_path / "clone", cached=True)
     d = make_store(tmp_path / "m", ["event 0", "event 1"])
     assert subprocess.run([str(exe), "--version"], env=BASE_ENV).returncode == 0
     pyc = next(p for p in (tmp_path / "clone" / "__pycache__").iterdir()
@@ -5412,7 +5412,7 @@ def test_python3_on_a_link_imports_from_the_real_directory(tmp_path):
 def test_a_deleted_working_directory_is_one_line(tmp_path):
     """Attack: memo run by a relative path from a directory since deleted
     said `memo: FileNotFoundError: ...`.  One line: what and the fix."""
-    exe = _install(tmp_path / "clone")
+    exe = _install(tmp_path / "clone", cached=True)
     gone = tmp_path / "a" / "gone"
     gone.mkdir(parents=True)
     rel = os.path.relpath(str(exe), str(gone))
@@ -6352,11 +6352,19 @@ def test_every_order_is_a_run_line_named_first(tmp_path):
 # The fast start: memo's own bytecode cache (README: Speed)
 # ------------------------------------------------------------------------
 
-def _install(root):
-    """memo and blocks.py copied into `root` (an install of their own)."""
+def _install(root, cached=False):
+    """memo and blocks.py copied into `root` (an install of their own); if
+    `cached`, with the clone's compiled memo too, so its first run does not
+    spend 0.1 s compiling (for tests that are not about the cache)."""
     root.mkdir()
     for name in ("memo", "blocks.py"):
         shutil.copy2(os.path.join(HERE, name), str(root / name))
+    cache = os.path.join(HERE, "__pycache__")
+    if cached and os.path.isdir(cache):
+        (root / "__pycache__").mkdir()
+        for name in os.listdir(cache):
+            if name.startswith("memocpython-"):
+                shutil.copy2(os.path.join(cache, name), str(root / "__pycache__" / name))
     return root / "memo"
 
 
@@ -6407,7 +6415,7 @@ def test_memo_runs_through_every_kind_of_link(tmp_path, kind, argv0):
     os.path.realpath): absolute and relative links, chains, a linked
     directory, and memo run by a relative path (a relative PATH entry):
     each finds blocks.py and caches beside the real file, nowhere else."""
-    _install(tmp_path / "clone")
+    _install(tmp_path / "clone", cached=True)
     for sub in ("bin", "opt"):
         (tmp_path / sub).mkdir()
     for name, target in LINKS[kind]:
