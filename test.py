@@ -5377,22 +5377,6 @@ def test_a_broken_blocks_py_is_one_line(tmp_path, damage):
         assert "cannot be loaded" in r.stderr, r
 
 
-@pytest.mark.parametrize("damage", ["zeroed", "truncated"])
-def test_a_damaged_cache_of_blocks_is_replaced(tmp_path, damage):
-    """Attack: a damaged __pycache__ copy of blocks.py stopped every command
-    with a fix (git checkout blocks.py) that could not fix it.  memo drops
-    it and loads blocks.py afresh, as it does for its own cache."""
-    exe = _install(tmp_path / "clone", cached=True)
-    d = make_store(tmp_path / "m", ["event 0", "event 1"])
-    assert subprocess.run([str(exe), "--version"], env=BASE_ENV).returncode == 0
-    pyc = next(p for p in (tmp_path / "clone" / "__pycache__").iterdir()
-               if p.name.startswith("blocks"))
-    data = pyc.read_bytes()
-    pyc.write_bytes(data[:16] + (b"\0" * (len(data) - 16) if damage == "zeroed" else data[16:40]))
-    r = subprocess.run([str(exe), "zoom", "0-1"], env=env_for(d), capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.startswith("#0 ") and not r.stderr, r
-
-
 def test_python3_on_a_link_imports_from_the_real_directory(tmp_path):
     """Regression (attack on the fast start): `python3 <link to memo>` put
     the link's directory first in sys.path, so a blocks.py or signal.py
@@ -6432,17 +6416,21 @@ def test_memo_runs_through_every_kind_of_link(tmp_path, kind, argv0):
         assert not (tmp_path / sub / "__pycache__").exists(), sub
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_a_damaged_cache_is_replaced(tmp_path, damage):
-    """A cache file that is garbage, cut short (a valid header, half the
-    code) or empty: memo runs as ever, and writes a good cache again."""
-    exe = _install(tmp_path / "clone")
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed", "empty"])
+@pytest.mark.parametrize("name", ["memo", "blocks"])
+def test_a_damaged_cache_is_replaced(tmp_path, name, damage):
+    """A cache file, memo's or blocks.py's, that is garbage, cut short (a
+    valid header, half the code), zeroed past its header or empty: memo
+    runs as ever, and writes a good cache again.  (Regression, attack: a
+    damaged cache of blocks.py stopped every command, with a fix, `git
+    checkout blocks.py`, that could not fix it.)"""
+    exe = _install(tmp_path / "clone")  # the cache as memo writes it, to compare with
     assert subprocess.run([str(exe), "--version"], env=BASE_ENV).returncode == 0
     cache = tmp_path / "clone" / "__pycache__"
-    pyc = next(p for p in cache.iterdir() if p.name.startswith("memo"))
+    pyc = next(p for p in cache.iterdir() if p.name.startswith(name))
     data = pyc.read_bytes()
     pyc.write_bytes({"garbage": os.urandom(len(data)), "truncated": data[:len(data) // 2],
-                     "empty": b""}[damage])
+                     "zeroed": data[:16] + b"\0" * (len(data) - 16), "empty": b""}[damage])
     r = subprocess.run([str(exe), "--version"], env=BASE_ENV, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == "memo %s\n" % memo.VERSION and not r.stderr, r
     assert pyc.read_bytes()[16:] == data[16:], "the cache is written again"
