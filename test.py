@@ -4256,6 +4256,69 @@ def test_a_tilde_no_home_answers_is_refused(tmp_path, memory_dir, home):
     assert os.listdir(str(work)) == []
 
 
+# What stands in init's way: (MEMORY_DIR relative to tmp_path, how to set
+# the scene, what the one line says).
+INIT_BLOCKED = {
+    "a parent it may not write": ("ro/a/b", lambda t: (t / "ro").mkdir(mode=0o555),
+                                  "you may not write in {t}/ro. Fix:"),
+    "a name too long": ("p/q/" + "x" * 300 + "/m", None, "a name in it (300 bytes) is longer"),
+    "a path too long": ("/".join(["d" * 200] * 25), None, "the path is longer"),
+    "a file in the way": ("file/a/b", lambda t: (t / "file").write_text("x"),
+                          "{t}/file is not a directory"),
+    "a dangling link": ("dang/a", lambda t: os.symlink("/nowhere", str(t / "dang")),
+                        "{t}/dang is not a directory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INIT_BLOCKED))
+def test_init_that_cannot_make_the_store_leaves_nothing(tmp_path, case):
+    """Regression (attack): init blocked half way left the parents it had
+    made (a name over 255 bytes), told a user who may not write the
+    parent to chmod a path that did not exist, or said "Stopped: ...
+    what memo reported saved is saved".  One line naming what is in the
+    way and the fix; nothing made."""
+    rel, scene, why = INIT_BLOCKED[case]
+    root = tmp_path / "root"
+    root.mkdir()
+    if scene:
+        scene(root)
+    before = sorted(os.listdir(str(root)))
+    prefix = _unprivileged() if case == "a parent it may not write" else []
+    r = subprocess.run(prefix + [MEMO, "init"], env=env_for(str(root / rel)),
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and one_line(r.stderr) and "Traceback" not in r.stderr, r
+    assert r.stderr.startswith("Cannot create ") and why.format(t=root) in r.stderr, r
+    assert sorted(os.listdir(str(root))) == before
+
+
+def test_init_from_a_deleted_working_directory_is_one_line(tmp_path):
+    """Regression (attack): a relative MEMORY_DIR, from a working directory
+    since deleted, gave init's generic `Stopped: ...` line."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" init', "sh", str(gone),
+                        MEMO], capture_output=True, text=True,
+                       env=dict(env_for("rel/m"), PATH=BASE_ENV["PATH"]))
+    err = "".join(line for line in r.stderr.splitlines(True) if "getcwd" not in line)
+    assert r.returncode == 1 and one_line(err) and "working directory, which was deleted" in err, r
+
+
+def test_an_empty_home_is_refused(tmp_path):
+    """Regression (attack): HOME set but empty made ~/memory `/memory`, so
+    init, run as root, made a store at the root of the file system.  Now
+    one line that says so; MEMORY_DIR set to a full path still works."""
+    env = dict(BASE_ENV, HOME="")
+    env.pop("MEMORY_DIR", None)
+    for args in (["wake"], ["note", "x"]):
+        r = subprocess.run([MEMO] + args, env=env, capture_output=True, text=True)
+        assert r.returncode == 1 and one_line(r.stderr), r
+        assert r.stderr.startswith("HOME is set but empty, so ~/memory names no directory"), r
+    d = make_store(tmp_path / "m", ["event 0"])
+    r = subprocess.run([MEMO, "wake"], env=dict(env, MEMORY_DIR=d), capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "#0 " in r.stdout, r
+
+
 def test_init_names_a_store_other_than_home(tmp_path):
     """The block names a store other than ~/memory, MEMORY_DIR quoted."""
     d = tmp_path / "team memory"
