@@ -5112,6 +5112,15 @@ def test_backlog_hint_past_64_naps(store, tmp_path, n, naps):
     assert w.out.endswith("then EOF.\n" + hint), w
 
 
+def test_the_agent_block_names_the_backlog_hint_memo_prints(tmp_path):
+    """Regression (agent trial): the block told the agent to tell its user
+    about `memo sleep --exec` at "thousands pending", while memo says so
+    from 65 naps on; the block now points at memo's own words."""
+    block = memo.agents_block(str(tmp_path / "m"))
+    phrase = "that many are `best paid unattended`"
+    assert phrase in block and phrase.replace("`", "") in BACKLOG_HINT.lower()
+
+
 @pytest.mark.parametrize("name", ["h.txt", "my history.txt", "-"])
 def test_import_too_long_says_how_to_cut(store, tmp_path, name):
     """A too-long line names the cut that fits every line (an agent trial
