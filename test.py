@@ -3748,6 +3748,28 @@ def test_an_unfinished_redact_of_a_torn_record_reads_as_redacted(tmp_path):
         assert r.code == 0 and r.out.endswith("#36 %s [redacted]\nYou are awake.\n" % DAY), r
 
 
+@pytest.mark.parametrize("redacting", [None, 0, 5, 6, 39])
+def test_dates_answers_as_date_does_for_each_memory(tmp_path, redacting):
+    """Store.dates reads two neighbours at once (wake's dates, where one
+    block ends and the next begins); for any set of ids it answers as
+    Store.date does for each, an unfinished redact's torn record too."""
+    d = str(tmp_path / "m")
+    make_store(d)
+    write(os.path.join(d, "LOG.txt"), b"".join(
+        rec(i, "event %d" % i, "2020-%02d-%02d" % (1 + i // 28, 1 + i % 28)) for i in range(40)))
+    if redacting is not None:
+        with open(os.path.join(d, "LOG.txt"), "r+b") as f:
+            f.seek(redacting * LOG)
+            f.write(b"\0" * 20)
+        ino = os.stat(os.path.join(d, "LOG.txt")).st_ino
+        write(os.path.join(d, ".journal"), memo.Journal("redact", ino, redacting, DAY).line())
+    rng = random.Random(redacting)
+    with memo.Store(d) as st:
+        for ids in [set(range(40)), {4, 5, 6, 7}, {5}, {6}, {5, 6}, {0, 1, 38, 39}, {39}] + [
+                set(rng.sample(range(40), rng.randint(1, 12))) for _ in range(30)]:
+            assert st.dates(ids) == {i: st.date(i) for i in ids}, ids
+
+
 @pytest.mark.parametrize("name", [".LOG.new", ".journal.new", ".stash/2-3.new"])
 def test_a_temporary_name_memo_uses_holding_a_directory_is_not_removed(tmp_path, name):
     """Regression (attack): a directory (or link) where memo writes a
