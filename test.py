@@ -42,10 +42,13 @@ import blocks  # noqa: E402
 
 
 def load_memo(name="memo"):
-    """memo as a module (it has no .py suffix); loading must not run main()."""
+    """memo as a module (it has no .py suffix), both parts: loading must
+    not run main().  (The loader may take part one alone from the cache
+    the fast start keeps; part_two adds the rest, if it is not there.)"""
     spec = spec_from_loader(name, SourceFileLoader(name, MEMO))
     module = module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.part_two()
     return module
 
 
@@ -334,7 +337,7 @@ def quick(*settings, patch=""):
     code = ("import sys; from importlib.machinery import SourceFileLoader; "
             "from importlib.util import module_from_spec, spec_from_loader; "
             "spec = spec_from_loader('memo', SourceFileLoader('memo', sys.argv[1])); "
-            "memo = module_from_spec(spec); spec.loader.exec_module(memo); "
+            "memo = module_from_spec(spec); spec.loader.exec_module(memo); memo.part_two(); "
             + "".join("memo.%s = %r; " % s for s in settings)
             + "\n" + patch + "\nsys.argv = sys.argv[1:]; memo.main()")
     return [sys.executable, "-S", "-c", code]
@@ -6441,7 +6444,7 @@ def _install(root, cached=False):
     if cached and os.path.isdir(cache):
         (root / "__pycache__").mkdir()
         for name in os.listdir(cache):
-            if name.startswith("memocpython-"):
+            if name.startswith("memo"):  # both parts' caches
                 shutil.copy2(os.path.join(cache, name), str(root / "__pycache__" / name))
     return root / "memo"
 
@@ -6473,6 +6476,15 @@ def test_the_cache_lives_beside_the_real_file_and_stays_fresh(tmp_path):
     r = subprocess.run([str(bin_dir / "memo"), "--version"], env=env, capture_output=True,
                        text=True)
     assert r.stdout == "memo 9.9.9-edited\n", r
+    d = make_store(tmp_path / "m", ["event 0"])  # and part two, loaded by recall
+    env["MEMORY_DIR"] = d
+    assert subprocess.run([str(bin_dir / "memo"), "recall", "nothing"], env=env,
+                          capture_output=True, text=True).stdout == "No match.\n"
+    exe.write_text(source.replace('"No match."', '"No match, edited."'), encoding="utf-8")
+    os.utime(str(exe), (time.time() + 10, time.time() + 10))
+    r = subprocess.run([str(bin_dir / "memo"), "recall", "nothing"], env=env,
+                       capture_output=True, text=True)
+    assert r.stdout == "No match, edited.\n", r
 
 
 # How a user may link memo onto PATH: (link name, its target), relative to
@@ -6511,23 +6523,75 @@ def test_memo_runs_through_every_kind_of_link(tmp_path, kind, argv0):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed", "empty"])
-@pytest.mark.parametrize("name", ["memo", "blocks"])
+@pytest.mark.parametrize("name", ["memocpython", "memo-2cpython", "blocks"])
 def test_a_damaged_cache_is_replaced(tmp_path, name, damage):
-    """A cache file, memo's or blocks.py's, that is garbage, cut short (a
-    valid header, half the code), zeroed past its header or empty: memo
-    runs as ever, and writes a good cache again.  (Regression, attack: a
-    damaged cache of blocks.py stopped every command, with a fix, `git
-    checkout blocks.py`, that could not fix it.)"""
-    exe = _install(tmp_path / "clone")  # the cache as memo writes it, to compare with
-    assert subprocess.run([str(exe), "--version"], env=BASE_ENV).returncode == 0
+    """A cache file, of memo's part one or two or of blocks.py, that is
+    garbage, cut short (a valid header, half the code), zeroed past its
+    header or empty: memo runs as ever, and writes a good cache again.
+    (Regression, attack: a damaged cache of blocks.py stopped every
+    command, with a fix, `git checkout blocks.py`, that could not fix it.)"""
+    exe = _install(tmp_path / "clone")  # the caches as memo writes them, to compare with
+    d = make_store(tmp_path / "m", ["event 0", "event 1"])
+    assert subprocess.run([str(exe), "recall", "event"], env=env_for(d)).returncode == 0
     cache = tmp_path / "clone" / "__pycache__"
     pyc = next(p for p in cache.iterdir() if p.name.startswith(name))
     data = pyc.read_bytes()
     pyc.write_bytes({"garbage": os.urandom(len(data)), "truncated": data[:len(data) // 2],
                      "zeroed": data[:16] + b"\0" * (len(data) - 16), "empty": b""}[damage])
-    r = subprocess.run([str(exe), "--version"], env=BASE_ENV, capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout == "memo %s\n" % memo.VERSION and not r.stderr, r
+    r = subprocess.run([str(exe), "recall", "event"], env=env_for(d), capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and r.stdout.endswith("2 matches.\n") and not r.stderr, r
     assert pyc.read_bytes()[16:] == data[16:], "the cache is written again"
+
+
+def test_an_agents_commands_never_load_part_two(tmp_path):
+    """wake, note, sleep, zoom, help and --version run on part one alone:
+    on a fresh install, part two is never compiled (no cache of it), until
+    a command of part two runs (README: Speed)."""
+    exe = _install(tmp_path / "clone")
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(40)], tree=paid_tree(40))
+    for args in [("wake",), ("wake", "2", "40"), ("wake", "--max-bytes", "900"),
+                 ("note", "a plain line"), ("sleep",), ("zoom", "0-31"), ("help", "recall"),
+                 ("--version",), ("frobnicate",)]:
+        r = subprocess.run([str(exe)] + list(args), env=env_for(d), capture_output=True)
+        assert b"Traceback" not in r.stderr, (args, r)
+    caches = _cache(tmp_path / "clone")
+    assert any(name.startswith("memocpython-") for name in caches), caches
+    assert not any(name.startswith("memo-2") for name in caches), caches
+    r = subprocess.run([str(exe), "recall", "event"], env=env_for(d), capture_output=True)
+    assert r.returncode == 0 and any(name.startswith("memo-2") for name in _cache(
+        tmp_path / "clone")), r
+
+
+def _global_names(code):
+    """The global names `code` and the code inside it load (dis)."""
+    import dis
+    names = {i.argval for i in dis.get_instructions(code)
+             if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            names |= _global_names(const)
+    return names
+
+
+def test_part_one_names_nothing_of_part_two():
+    """Part one (memo up to its first line that starts `# ====`) loads no
+    name that only part two defines: a path of an agent's command that
+    did would fail with a NameError where part two is not loaded.  The
+    one exception, sleep_exec, is called right after part_two()."""
+    with open(MEMO, encoding="utf-8") as f:
+        source = f.read()
+    cut = source.index("\n# ====") + 1
+    assert source[cut:].split("\n", 2)[1].startswith("# Part two: "), "the cut is part two's"
+    one = compile(source[:cut], MEMO, "exec")
+    two = compile("\n" * source.count("\n", 0, cut) + source[cut:], MEMO, "exec")
+    defined_in_two = {i.argval for i in __import__("dis").get_instructions(two)
+                      if i.opname == "STORE_NAME"}
+    defined_in_one = {i.argval for i in __import__("dis").get_instructions(one)
+                      if i.opname == "STORE_NAME"}
+    assert not defined_in_one & defined_in_two, "each name is defined in one part"
+    assert _global_names(one) & defined_in_two == {"sleep_exec"}
+    assert "part_two()\n        return sleep_exec(" in source
 
 
 def test_a_read_only_install_runs_without_a_cache(tmp_path):
