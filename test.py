@@ -1069,6 +1069,11 @@ def mix(n, alphabet=ALNUM):
 
 
 SECRET_CASES = [  # (text before it, the credential, text after, the kind memo names)
+    # regression (agent trial): a connection string with its password was saved
+    pytest.param("prod db is postgres://admin:", "S3cr3tPass", "@db.internal:5432/prod",
+                 "password in a URL", id="url-password"),
+    pytest.param("cache: redis://:", "hunter2hunter", "@cache:6379", "password in a URL",
+                 id="url-password-no-user"),
     pytest.param("key: ", "-----BEGIN " + "RSA PRIVATE" + " KEY-----", "", "private key",
                  id="private-key"),
     pytest.param("ssh: ", "-----BEGIN " + "OPENSSH PRIVATE" + " KEY-----", " MIIE", "private key",
@@ -1172,6 +1177,14 @@ NEAR_MISSES = [
     pytest.param("Google keys look like AIza... and sit in GCP Secret Manager.",
                  id="google-prefix-alone"),
     pytest.param("sk-ant- keys are in the team vault.", id="anthropic-prefix-alone"),
+    pytest.param("Docs connect with postgres://user:password@localhost/db.", id="url-placeholder"),
+    pytest.param("postgres://postgres:postgres@localhost:5432 is the dev default.",
+                 id="url-default-credentials"),
+    pytest.param("Set DATABASE_URL=postgres://app:${DB_PASSWORD}@db/app in .env.",
+                 id="url-variable"),
+    pytest.param("Clone over ssh://git@github.com:22/org/repo.git; proxy http://proxy:3128.",
+                 id="url-user-and-port"),
+    pytest.param("The wiki page is https://host/notes/a:b@c?x=1 for now.", id="url-colon-in-path"),
     # regression (attack): with emoji taken out, capitals glued to them
     # read as an AWS key id
     pytest.param("ASIA\u2b50\ufe0fPACIFICCHAMPIONS \U0001F3C6 final tonight", id="emoji-glued"),
@@ -5333,6 +5346,14 @@ def _store_with_a_secret(tmp_path, n=12):
     return d
 
 
+def test_redact_says_one_summary_kept_aside_in_the_singular(tmp_path):
+    """Regression (agent trial): redact said `1 later ones were kept
+    aside and come back by themselves`."""
+    d = _store_with_a_secret(tmp_path, 8)
+    r = call(d, "redact", "5", "--yes")
+    assert r.code == 0 and "; 1 later one was kept aside and comes back by themselves.\n" in r.out, r
+
+
 def test_redact_takes_a_memory_back_for_good(tmp_path):
     """`redact <id> --yes`: the text becomes [redacted], id, date and place
     kept; every summary holding it is dropped and rebuilt by naps, the
@@ -6590,6 +6611,12 @@ def test_part_one_names_nothing_of_part_two():
     defined_in_one = {i.argval for i in __import__("dis").get_instructions(one)
                       if i.opname == "STORE_NAME"}
     assert not defined_in_one & defined_in_two, "each name is defined in one part"
+    whole = __import__("collections").Counter(
+        i.argval for code in (one, two) for i in __import__("dis").get_instructions(code)
+        if i.opname == "STORE_NAME")
+    # (the first paragraph's own names, bound on both of its paths)
+    assert {name for name, n in whole.items() if n > 1} <= {
+        "__doc__", "SourceFileLoader", "_loader", "_code"}, "no global is bound twice"
     assert _global_names(one) & defined_in_two == {"sleep_exec"}
     assert "part_two()\n        return sleep_exec(" in source
 
