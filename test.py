@@ -47,7 +47,11 @@ def load_memo(name="memo"):
     the fast start keeps; part_two adds the rest, if it is not there.)"""
     spec = spec_from_loader(name, SourceFileLoader(name, MEMO))
     module = module_from_spec(spec)
-    spec.loader.exec_module(module)
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:  # a cache of the whole file would stand in for part one's (README: Speed)
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = writes
     module.part_two()
     return module
 
@@ -334,7 +338,8 @@ def quick(*settings, patch=""):
     """A command prefix that runs memo in a real process with some of its
     constants changed (``("LOCK_WAIT", 2)``...): the test needs no 30 s.
     `patch`, Python run before main with `memo` in scope, injects a fault."""
-    code = ("import sys; from importlib.machinery import SourceFileLoader; "
+    code = ("import sys; sys.dont_write_bytecode = True; "
+            "from importlib.machinery import SourceFileLoader; "
             "from importlib.util import module_from_spec, spec_from_loader; "
             "spec = spec_from_loader('memo', SourceFileLoader('memo', sys.argv[1])); "
             "memo = module_from_spec(spec); spec.loader.exec_module(memo); memo.part_two(); "
@@ -3328,7 +3333,8 @@ def test_summaries_of_memories_gone_are_ignored_then_trimmed(tmp_path):
 
 # -- the lock is the lock (§4) --------------------------------------------------
 
-HOLD = ("import sys, time, os; from importlib.machinery import SourceFileLoader; "
+HOLD = ("import sys, time, os; sys.dont_write_bytecode = True; "
+        "from importlib.machinery import SourceFileLoader; "
         "m = SourceFileLoader('m', sys.argv[1]).load_module(); "
         "st = m.Store(sys.argv[2], write=True); open(sys.argv[3], 'w').close(); "
         "[time.sleep(0.02) for _ in iter(lambda: os.path.exists(sys.argv[4]), True)]; "
@@ -6544,7 +6550,7 @@ def test_memo_runs_through_every_kind_of_link(tmp_path, kind, argv0):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed", "empty"])
-@pytest.mark.parametrize("name", ["memocpython", "memo-2cpython", "blocks"])
+@pytest.mark.parametrize("name", ["memocpython", "memo-part2.cpython", "blocks"])
 def test_a_damaged_cache_is_replaced(tmp_path, name, damage):
     """A cache file, of memo's part one or two or of blocks.py, that is
     garbage, cut short (a valid header, half the code), zeroed past its
@@ -6578,9 +6584,9 @@ def test_an_agents_commands_never_load_part_two(tmp_path):
         assert b"Traceback" not in r.stderr, (args, r)
     caches = _cache(tmp_path / "clone")
     assert any(name.startswith("memocpython-") for name in caches), caches
-    assert not any(name.startswith("memo-2") for name in caches), caches
+    assert not any(name.startswith("memo-part2.") for name in caches), caches
     r = subprocess.run([str(exe), "recall", "event"], env=env_for(d), capture_output=True)
-    assert r.returncode == 0 and any(name.startswith("memo-2") for name in _cache(
+    assert r.returncode == 0 and any(name.startswith("memo-part2.") for name in _cache(
         tmp_path / "clone")), r
 
 
@@ -6619,6 +6625,68 @@ def test_part_one_names_nothing_of_part_two():
         "__doc__", "SourceFileLoader", "_loader", "_code"}, "no global is bound twice"
     assert _global_names(one) & defined_in_two == {"sleep_exec"}
     assert "part_two()\n        return sleep_exec(" in source
+
+
+# Edits that leave memo's file unable to reach main: (what, edit of its text).
+BROKEN_EDITS = {
+    "a blank line after line 2": lambda text: text.replace("\n", "\n\n", 2).replace(
+        "\n\n", "\n", 1),
+    "a `# ====` line before main": lambda text: text.replace(
+        "\nclass PartTwo", "\n# ==== a new section\nclass PartTwo", 1),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(BROKEN_EDITS))
+def test_memo_edited_so_it_cannot_run_says_so(tmp_path, edit):
+    """Regression (attack): after an edit that left part one without its
+    call of main (a blank line that cuts the first paragraph short, a
+    `# ====` line before main), every command exited 0 having done
+    nothing: `note` said nothing, saved nothing.  Now one line and exit 1."""
+    exe = _install(tmp_path / "clone")
+    exe.write_text(BROKEN_EDITS[edit](exe.read_text(encoding="utf-8")), encoding="utf-8")
+    d = make_store(tmp_path / "m", ["event 0"])
+    for args in (["note", "lost"], ["wake"]):
+        r = subprocess.run([str(exe)] + args, env=env_for(d), capture_output=True, text=True)
+        assert r.returncode == 1 and one_line(r.stderr) and "file is damaged" in r.stderr, r
+    assert records(d) == ["event 0"]
+
+
+@pytest.mark.parametrize("name", ["memo.py", "memo-1.1.0"])
+def test_a_memo_whose_name_has_a_dot_keeps_two_caches(tmp_path, name):
+    """Regression (attack): with a dot in memo's real name, part two's
+    cache was part one's file (cache_from_source cuts a name at its last
+    dot), so init and every command of part two ended in RecursionError."""
+    exe = _install(tmp_path / "clone")
+    exe.rename(exe.with_name(name))
+    exe = exe.with_name(name)
+    d = str(tmp_path / "m")
+    for args in (["init"], ["note", "event 0"], ["recall", "event"], ["wake"], ["recall", "event"]):
+        r = subprocess.run([str(exe)] + args, env=env_for(d), capture_output=True, text=True)
+        assert r.returncode == 0 and not r.stderr, (args, r)
+    assert len([c for c in _cache(tmp_path / "clone") if not c.startswith("blocks")]) == 2
+
+
+def test_a_damaged_blocks_cache_in_a_read_only_install_is_compiled_past(tmp_path):
+    """Regression (attack): where the damaged cache of blocks.py could not
+    be dropped (an install the user may not write), every command stopped,
+    saying to `git checkout blocks.py`.  blocks.py is compiled instead."""
+    prefix = _unprivileged()
+    exe = _install(tmp_path / "clone")
+    d = make_store(tmp_path / "m", ["event 0"])
+    assert subprocess.run([str(exe), "recall", "event"], env=env_for(d)).returncode == 0
+    pyc = next(p for p in (tmp_path / "clone" / "__pycache__").iterdir()
+               if p.name.startswith("blocks"))
+    pyc.write_bytes(pyc.read_bytes()[:100])
+    os.chmod(str(tmp_path / "clone" / "__pycache__"), 0o555)
+    try:
+        r = subprocess.run(prefix + [str(exe), "zoom", "0"], env=env_for(d),
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "is one memory, not a block" in r.stderr, r
+        r = subprocess.run(prefix + [str(exe), "wake"], env=env_for(d), capture_output=True,
+                           text=True)
+        assert r.returncode == 0 and "#0 " in r.stdout and not r.stderr, r
+    finally:
+        os.chmod(str(tmp_path / "clone" / "__pycache__"), 0o755)
 
 
 def test_a_read_only_install_runs_without_a_cache(tmp_path):
