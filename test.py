@@ -4311,6 +4311,9 @@ INIT_BLOCKED = {
                           "{t}/file is not a directory"),
     "a dangling link": ("dang/a", lambda t: os.symlink("/nowhere", str(t / "dang")),
                         "{t}/dang is not a directory"),
+    # regression (attack): `..` was taken lexically, the store made beside
+    # where the path leads, a directory left behind
+    "a `..` through a directory not made": ("newx/../mem", None, "without `..`"),
 }
 
 
@@ -4333,6 +4336,20 @@ def test_init_that_cannot_make_the_store_leaves_nothing(tmp_path, case):
     assert r.returncode == 1 and one_line(r.stderr) and "Traceback" not in r.stderr, r
     assert r.stderr.startswith("Cannot create ") and why.format(t=root) in r.stderr, r
     assert sorted(os.listdir(str(root))) == before
+
+
+def test_init_that_cannot_write_the_store_leaves_nothing(tmp_path):
+    """Regression (attack): init whose first write failed (the file size
+    limit; a full disk alike) left its directories and half a store, and
+    said "what memo reported saved is saved".  One line; nothing left."""
+    root = tmp_path / "root"
+    root.mkdir()
+    r = subprocess.run([MEMO, "init"], env=env_for(str(root / "a" / "store")),
+                       capture_output=True, text=True,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)))
+    assert r.returncode == 1 and one_line(r.stderr), r
+    assert r.stderr.startswith("Cannot create the store %s: " % (root / "a" / "store")), r
+    assert r.stderr.endswith("Nothing was left behind.\n") and os.listdir(str(root)) == [], r
 
 
 def test_init_from_a_deleted_working_directory_is_one_line(tmp_path):
