@@ -3752,6 +3752,25 @@ def test_a_redact_journal_that_does_not_fit_is_never_acted_on(tmp_path, lie):
     assert log_bytes(d) == data
 
 
+def test_a_last_memory_without_its_newline_keeps_its_summaries(tmp_path):
+    """Regression (attack): with the log's last newline lost, wake also
+    warned that TREE held summaries of memories LOG.txt no longer has, and
+    `memo sleep`, as it said, dropped them: after the fix the log gave
+    (printf '\\n' >> LOG.txt), they had to be written again.  Now the
+    log's damage alone is named, and nothing is dropped."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(32)], tree=paid_tree(32))
+    tree = {k: v for k, v in store_bytes(d).items() if k.startswith("TREE")}
+    os.truncate(os.path.join(d, "LOG.txt"), 32 * LOG - 1)
+    r = cli(d, "wake")
+    assert "lost its newline" in r.err and "TREE/" not in r.err, r
+    assert cli(d, "sleep").code == 0 and cli(d, "note", "x").code == 1
+    assert {k: v for k, v in store_bytes(d).items() if k.startswith("TREE")} == tree
+    with open(os.path.join(d, "LOG.txt"), "ab") as f:
+        f.write(b"\n")
+    r = cli(d, "verify")
+    assert r.code == 0 and r.out.startswith("OK: 32 memories, 31 summaries"), r
+
+
 def test_an_unfinished_redact_of_a_torn_record_reads_as_redacted(tmp_path):
     """Regression (attack): a redact cut short with its record's head
     zeroed shows as `[redacted]` in plain wake, but `wake --max-bytes`
