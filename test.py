@@ -3752,6 +3752,40 @@ def test_a_redact_journal_that_does_not_fit_is_never_acted_on(tmp_path, lie):
     assert log_bytes(d) == data
 
 
+def test_a_redact_cut_short_leaves_only_its_blocks_pending(tmp_path):
+    """Regression (attack): while a redact had not finished, readers took
+    every summary past the redacted memory for unbuilt: at a million
+    memories wake said `Cannot wake: 999990 compressions pending` and
+    that they were best paid unattended, where 20 wait once a writer
+    finishes it.  Readers now see what that writer will leave."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(64)], tree=paid_tree(64))
+    ino = os.stat(os.path.join(d, "LOG.txt")).st_ino
+    write(os.path.join(d, ".journal"), memo.Journal("redact", ino, 40, DAY).line())
+    waiting = [(40, 42), (40, 44), (40, 48), (32, 48), (32, 64), (0, 64)]
+    assert memo.pending(d, 64) == waiting
+    r = cli(d, "zoom", "48-63")
+    assert r.code == 0 and r.out.startswith("#48-55 %s sum 48-55\n#56-63 " % DAY), r
+    with memo.Store(d, write=True):  # a writer finishes the redact
+        pass
+    assert memo.pending(d, 64) == waiting
+
+
+def test_redact_finishes_a_redact_cut_short(tmp_path):
+    """Regression (attack): verify's fix for a redact cut short, `memo
+    redact <id> --yes`, said `already redacted` and left the journal, so
+    verify named the same problem again.  Now it finishes the redact."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(37)], tree=paid_tree(37))
+    ino = os.stat(os.path.join(d, "LOG.txt")).st_ino
+    write(os.path.join(d, ".journal"), memo.Journal("redact", ino, 30, DAY).line())
+    r = cli(d, "verify")
+    assert r.code == 1 and "Fix: memo redact 30 --yes" in r.out + r.err, r
+    r = cli(d, "redact", "30", "--yes")
+    assert r.code == 0 and r.out == ("Redacted #30: the redact cut short before is finished.\n"
+                                     "Run: memo sleep\n"), r
+    assert not os.path.exists(os.path.join(d, ".journal")) and records(d)[30] == "[redacted]"
+    assert pay_all(d) > 0 and cli(d, "verify").code == 0
+
+
 def test_a_last_memory_without_its_newline_keeps_its_summaries(tmp_path):
     """Regression (attack): with the log's last newline lost, wake also
     warned that TREE held summaries of memories LOG.txt no longer has, and
