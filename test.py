@@ -4417,6 +4417,19 @@ def test_init_from_a_deleted_working_directory_is_one_line(tmp_path):
     assert r.returncode == 1 and one_line(err) and "working directory, which was deleted" in err, r
 
 
+def test_a_relative_store_from_a_deleted_working_directory_is_named(tmp_path):
+    """Regression (attack): wake or note with a relative MEMORY_DIR, from a
+    working directory since deleted, said `No memory at rel/m ... its
+    owner creates it with memo init`: the store was there all along."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" wake', "sh", str(gone),
+                        MEMO], capture_output=True, text=True,
+                       env=dict(env_for("rel/m"), PATH=BASE_ENV["PATH"]))
+    err = "".join(line for line in r.stderr.splitlines(True) if "getcwd" not in line)
+    assert r.returncode == 1 and one_line(err) and "which was deleted" in err, r
+
+
 def test_an_empty_home_is_refused(tmp_path):
     """Regression (attack): HOME set but empty made ~/memory `/memory`, so
     init, run as root, made a store at the root of the file system.  Now
@@ -6719,6 +6732,22 @@ def test_memo_edited_so_it_cannot_run_says_so(tmp_path, edit):
         r = subprocess.run([str(exe)] + args, env=env_for(d), capture_output=True, text=True)
         assert r.returncode == 1 and one_line(r.stderr) and "file is damaged" in r.stderr, r
     assert records(d) == ["event 0"]
+
+
+def test_memo_without_its_part_two_line_says_so(tmp_path):
+    """Regression (attack): with no line that starts `# ====` (part one is
+    then the whole file), a command of part two said `memo: KeyError:
+    'cmd_recall'`.  Now one line naming the damage and the fix; an
+    agent's commands still run."""
+    exe = _install(tmp_path / "clone")
+    exe.write_text(re.sub(r"(?m)^# ====.*$", "# ----", exe.read_text(encoding="utf-8")),
+                   encoding="utf-8")
+    d = make_store(tmp_path / "m", ["event 0"])
+    r = subprocess.run([str(exe), "recall", "event"], env=env_for(d), capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and one_line(r.stderr) and "it has no part two" in r.stderr, r
+    r = subprocess.run([str(exe), "wake"], env=env_for(d), capture_output=True, text=True)
+    assert r.returncode == 0 and "#0 " in r.stdout, r
 
 
 @pytest.mark.parametrize("name", ["memo.py", "memo-1.1.0"])
