@@ -3770,6 +3770,24 @@ def test_a_redact_cut_short_leaves_only_its_blocks_pending(tmp_path):
     assert memo.pending(d, 64) == waiting
 
 
+@pytest.mark.parametrize("at", [2, 10, 33])
+def test_a_redact_cut_short_inside_a_forgotten_run(tmp_path, at):
+    """Regression (attack): with summaries kept aside by `forget`, a redact
+    cut short on a memory of theirs left readers counting the blocks that
+    hold it as built: `wake --max-bytes` ended in `AttributeError`, and
+    wake's pending count was short of what the redact leaves."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(64)], tree=paid_tree(64))
+    assert call(d, "forget", "0-1").code == 0
+    ino = os.stat(os.path.join(d, "LOG.txt")).st_ino
+    write(os.path.join(d, ".journal"), memo.Journal("redact", ino, at, DAY).line())
+    waiting = memo.pending(d, 64)
+    r = cli(d, "wake", "--max-bytes", "30000")
+    assert r.code == 0 and "%d compressions pending" % len(waiting) in r.out, r
+    with memo.Store(d, write=True):  # a writer finishes the redact
+        pass
+    assert memo.pending(d, 64) == waiting
+
+
 def test_redact_finishes_a_redact_cut_short(tmp_path):
     """Regression (attack): verify's fix for a redact cut short, `memo
     redact <id> --yes`, said `already redacted` and left the journal, so
