@@ -1079,6 +1079,18 @@ SECRET_CASES = [  # (text before it, the credential, text after, the kind memo n
                  "password in a URL", id="url-password"),
     pytest.param("cache: redis://:", "hunter2hunter", "@cache:6379", "password in a URL",
                  id="url-password-no-user"),
+    # regression (attack): an `@`, a `/` or a leading `$`, `%` or `(` in the
+    # password, or a host in other letters, let it through
+    pytest.param("db: postgres://admin:", "p@ssw0rd99", "@db.internal:5432/app",
+                 "password in a URL", id="url-password-with-at"),
+    pytest.param("deploy via https://ci:", "AbC1/dEf2+GhI3", "@git.example.com/repo.git",
+                 "password in a URL", id="url-password-with-slash"),
+    pytest.param("db: postgres://admin:", "$ecretPassw0rd", "@db:5432/app", "password in a URL",
+                 id="url-password-dollar"),
+    pytest.param("api https://u:", "%21Xk9pLm2qR7", "@h.com", "password in a URL",
+                 id="url-password-percent"),
+    pytest.param("jp https://u:", "Xk9pLm2q", "@\u30db\u30b9\u30c8.jp", "password in a URL",
+                 id="url-password-idn-host"),
     pytest.param("key: ", "-----BEGIN " + "RSA PRIVATE" + " KEY-----", "", "private key",
                  id="private-key"),
     pytest.param("ssh: ", "-----BEGIN " + "OPENSSH PRIVATE" + " KEY-----", " MIIE", "private key",
@@ -1190,6 +1202,13 @@ NEAR_MISSES = [
     pytest.param("Clone over ssh://git@github.com:22/org/repo.git; proxy http://proxy:3128.",
                  id="url-user-and-port"),
     pytest.param("The wiki page is https://host/notes/a:b@c?x=1 for now.", id="url-colon-in-path"),
+    # regression (attack): placeholders docs use were refused
+    pytest.param("Docs: postgresql://user:your_password@localhost/db.", id="url-your-password"),
+    pytest.param("Compose: postgres://postgres:mysecretpassword@db:5432.", id="url-docker-docs"),
+    pytest.param("Mirror at ftp://anonymous:guest@ftp.example.org/pub.", id="url-anonymous-ftp"),
+    pytest.param("Proxy set as http://proxy:3128@corp for the build.", id="url-port-digits"),
+    pytest.param("Use https://u:<pw>@h, https://u:%s@h or https://u:$PW@h in templates.",
+                 id="url-templates"),
     # regression (attack): with emoji taken out, capitals glued to them
     # read as an AWS key id
     pytest.param("ASIA\u2b50\ufe0fPACIFICCHAMPIONS \U0001F3C6 final tonight", id="emoji-glued"),
