@@ -4439,7 +4439,8 @@ def test_init_that_cannot_write_the_store_leaves_nothing(tmp_path):
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)))
     assert r.returncode == 1 and one_line(r.stderr), r
     assert r.stderr.startswith("Cannot create the store %s: " % (root / "a" / "store")), r
-    assert r.stderr.endswith("Nothing was left behind.\n") and os.listdir(str(root)) == [], r
+    assert r.stderr.endswith("Nothing was left behind. Fix: raise the file size limit "
+                             "(ulimit -f).\n") and os.listdir(str(root)) == [], r
 
 
 def test_init_from_a_deleted_working_directory_is_one_line(tmp_path):
@@ -4457,14 +4458,27 @@ def test_init_from_a_deleted_working_directory_is_one_line(tmp_path):
 def test_a_relative_store_from_a_deleted_working_directory_is_named(tmp_path):
     """Regression (attack): wake or note with a relative MEMORY_DIR, from a
     working directory since deleted, said `No memory at rel/m ... its
-    owner creates it with memo init`: the store was there all along."""
+    owner creates it with memo init`: the store was there all along; with
+    `.`, wake said `No memories yet`."""
     gone = tmp_path / "gone"
-    gone.mkdir()
-    r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" wake', "sh", str(gone),
-                        MEMO], capture_output=True, text=True,
-                       env=dict(env_for("rel/m"), PATH=BASE_ENV["PATH"]))
-    err = "".join(line for line in r.stderr.splitlines(True) if "getcwd" not in line)
-    assert r.returncode == 1 and one_line(err) and "which was deleted" in err, r
+    for rel in ("rel/m", "."):  # `.`: the deleted directory itself, which reads as empty
+        gone.mkdir()
+        r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" wake', "sh",
+                            str(gone), MEMO], capture_output=True, text=True,
+                           env=dict(env_for(rel), PATH=BASE_ENV["PATH"]))
+        err = "".join(line for line in r.stderr.splitlines(True) if "getcwd" not in line)
+        assert r.returncode == 1 and one_line(err) and "which was deleted" in err, (rel, r)
+
+
+def test_init_names_a_relative_store_in_full(tmp_path):
+    """Regression (attack): `MEMORY_DIR=rel/store memo init` told the agent
+    to set MEMORY_DIR=rel/store, which works only from that directory."""
+    for word in ("Created", "Found"):
+        r = subprocess.run([MEMO, "init"], env=env_for("rel/./store"), cwd=str(tmp_path),
+                           capture_output=True, text=True)
+        full = str(tmp_path / "rel" / "store")
+        assert r.returncode == 0 and r.stdout.startswith("%s %s" % (word, full)), r
+        assert "set MEMORY_DIR=%s for every memo command" % full in r.stdout, r
 
 
 def test_an_empty_home_is_refused(tmp_path):
