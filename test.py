@@ -3335,7 +3335,8 @@ def test_summaries_of_memories_gone_are_ignored_then_trimmed(tmp_path):
     pay_all(d)
     write(os.path.join(d, "LOG.txt"), backup)
     v = call(d, "verify")
-    assert v.code == 1 and "TREE/2 holds 8 summaries" in v.out, v
+    # (regression, attack: it said "holds 8 summaries", all it held, as gone)
+    assert v.code == 1 and "TREE/2 holds 3 summaries of memories that are gone" in v.out, v
     r = call(d, "forget", "0-15")
     assert r.code == 1 and "nothing" in r.err.lower() or "no summary" in r.err, r
     assert call(d, "zoom", "8-15").out.count("not compressed yet") <= 1
