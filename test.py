@@ -4471,6 +4471,18 @@ def test_a_relative_store_from_a_deleted_working_directory_is_named(tmp_path):
         assert r.returncode == 1 and one_line(err) and "which was deleted" in err, (rel, r)
 
 
+def test_init_refuses_a_folder_whose_config_is_not_memos(tmp_path):
+    """Regression (attack): a folder holding another tool's `config`
+    (~/.ssh, ~/.aws) made init say `Found ...: 0 memories.` and print the
+    block, and every command after it failed on that config."""
+    d = tmp_path / "dot-ssh"
+    d.mkdir()
+    (d / "config").write_text("Host *\n  ForwardAgent no\n")
+    r = cli(d, "init")
+    assert r.code == 1 and one_line(r.err) and "config line 1" in r.err and r.out == "", r
+    assert os.listdir(str(d)) == ["config"]
+
+
 def test_init_names_a_relative_store_in_full(tmp_path):
     """Regression (attack): `MEMORY_DIR=rel/store memo init` told the agent
     to set MEMORY_DIR=rel/store, which works only from that directory."""
