@@ -6718,6 +6718,23 @@ def test_a_damaged_cache_is_replaced(tmp_path, name, damage):
     assert pyc.read_bytes()[16:] == data[16:], "the cache is written again"
 
 
+def test_pythondontwritebytecode_holds_for_modules_not_memos(tmp_path):
+    """Regression (attack): the fast start wrote memo's own caches whatever
+    PYTHONDONTWRITEBYTECODE said (as it should), but left that on for the
+    whole run, so another module memo imported was cached too."""
+    exe = _install(tmp_path / "clone")
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    import difflib
+    shutil.copy(difflib.__file__, str(mods / "difflib.py"))
+    env = dict(env_for(make_store(tmp_path / "m", ["event 0"])), PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=str(mods))
+    for args in (["frobnicate"], ["recall", "x"], ["frobnicate"]):  # difflib, for the near name
+        subprocess.run([str(exe)] + args, env=env, capture_output=True)
+    assert not (mods / "__pycache__").exists()
+    assert any(name.startswith("memo-part2.") for name in _cache(tmp_path / "clone"))
+
+
 def test_an_agents_commands_never_load_part_two(tmp_path):
     """wake, note, sleep, zoom, help and --version run on part one alone:
     on a fresh install, part two is never compiled (no cache of it), until
