@@ -1091,6 +1091,18 @@ SECRET_CASES = [  # (text before it, the credential, text after, the kind memo n
                  id="url-password-percent"),
     pytest.param("jp https://u:", "Xk9pLm2q", "@\u30db\u30b9\u30c8.jp", "password in a URL",
                  id="url-password-idn-host"),
+    # regression (attack): a password that starts with the user name, or with a
+    # word docs use, one of digits, one in brackets, or an `ftp` user's passed
+    pytest.param("prod: mysql://admin:", "admin@123", "@10.0.0.5:3306/db", "password in a URL",
+                 id="url-password-starts-as-user"),
+    pytest.param("app: postgres://app:", "Password123", "@db.internal/app", "password in a URL",
+                 id="url-password-word-and-digits"),
+    pytest.param("x: mysql://root:", "12345", "@db:3306/x", "password in a URL",
+                 id="url-password-digits"),
+    pytest.param("bob https://bob:", "(Xk9mP2q)", "@host.com", "password in a URL",
+                 id="url-password-brackets"),
+    pytest.param("files https://ftp:", "Xk9mP2q7zz", "@files.corp.com/", "password in a URL",
+                 id="url-password-ftp-user"),
     pytest.param("key: ", "-----BEGIN " + "RSA PRIVATE" + " KEY-----", "", "private key",
                  id="private-key"),
     pytest.param("ssh: ", "-----BEGIN " + "OPENSSH PRIVATE" + " KEY-----", " MIIE", "private key",
@@ -1206,7 +1218,10 @@ NEAR_MISSES = [
     pytest.param("Docs: postgresql://user:your_password@localhost/db.", id="url-your-password"),
     pytest.param("Compose: postgres://postgres:mysecretpassword@db:5432.", id="url-docker-docs"),
     pytest.param("Mirror at ftp://anonymous:guest@ftp.example.org/pub.", id="url-anonymous-ftp"),
-    pytest.param("Proxy set as http://proxy:3128@corp for the build.", id="url-port-digits"),
+    pytest.param("vite serves http://localhost:5173/@vite/client; the API answers "
+                 "http://localhost:8080/api/users?email=bob@corp.com", id="url-port-then-path"),
+    pytest.param("Mirror https://registry.npmjs.org:443/@types/node, camera "
+                 "rtsp://cam1:554/stream@main.", id="url-port-then-at"),
     pytest.param("Use https://u:<pw>@h, https://u:%s@h or https://u:$PW@h in templates.",
                  id="url-templates"),
     # regression (attack): with emoji taken out, capitals glued to them
