@@ -4776,6 +4776,25 @@ def test_note_stdin_closed_is_a_clear_error(tmp_path):
     assert log_bytes(d) == b""
 
 
+def test_stdin_that_is_a_directory_is_no_fatal_error(tmp_path):
+    """Regression (`memo < /`): with stdin a directory, Python stopped at
+    start-up with `Fatal Python error: init_sys_streams: <stdin> is a
+    directory` and a thread dump, whatever the command.  The shebang now
+    closes such a stdin: wake runs; note - says there is no stdin."""
+    d = make_store(tmp_path / "m", ["event 0"])
+    fd = os.open(str(tmp_path), os.O_RDONLY)
+    try:
+        for args, code, says in ((["wake"], 0, ""), (["note", "-"], 1, "No stdin to read"),
+                                 (["import", "-"], 1, "No stdin to import from")):
+            r = subprocess.run([MEMO] + args, env=env_for(d), stdin=fd, capture_output=True,
+                               text=True)
+            assert r.returncode == code and "Fatal" not in r.stderr, (args, r)
+            assert r.stderr.startswith(says) and (not says or one_line(r.stderr)), (args, r)
+    finally:
+        os.close(fd)
+    assert records(d) == ["event 0"]
+
+
 def test_a_note_is_never_dated_before_the_newest_memory(tmp_path):
     """README: Dates.  A memory dated after today (a clock set back, another
     time zone) dates the next note too: dates never go backwards."""
@@ -6813,6 +6832,9 @@ BROKEN_EDITS = {
         "\n\n", "\n", 1),
     "a `# ====` line before main": lambda text: text.replace(
         "\nclass PartTwo", "\n# ==== a new section\nclass PartTwo", 1),
+    # (attack: this one gave an IndentationError traceback on every command)
+    "a line of spaces in the first paragraph": lambda text: text.replace(
+        "def real_path(path):\n", "def real_path(path):\n   \n", 1),
 }
 
 
