@@ -6811,16 +6811,15 @@ def test_part_one_names_nothing_of_part_two():
     assert source[cut:].split("\n", 2)[1].startswith("# Part two: "), "the cut is part two's"
     one = compile(source[:cut], MEMO, "exec")
     two = compile("\n" * source.count("\n", 0, cut) + source[cut:], MEMO, "exec")
-    defined_in_two = {i.argval for i in __import__("dis").get_instructions(two)
-                      if i.opname == "STORE_NAME"}
-    defined_in_one = {i.argval for i in __import__("dis").get_instructions(one)
-                      if i.opname == "STORE_NAME"}
-    assert not defined_in_one & defined_in_two, "each name is defined in one part"
-    whole = __import__("collections").Counter(
-        i.argval for code in (one, two) for i in __import__("dis").get_instructions(code)
-        if i.opname == "STORE_NAME")
+    import collections
+    import dis
+    bound = {code: [i.argval for i in dis.get_instructions(code) if i.opname == "STORE_NAME"]
+             for code in (one, two)}
+    defined_in_two = set(bound[two])
+    assert not set(bound[one]) & defined_in_two, "each name is defined in one part"
+    times = collections.Counter(bound[one] + bound[two])
     # (the first paragraph's own names, bound on both of its paths)
-    assert {name for name, n in whole.items() if n > 1} <= {
+    assert {name for name, n in times.items() if n > 1} <= {
         "__doc__", "SourceFileLoader", "_loader", "_code"}, "no global is bound twice"
     assert _global_names(one) & defined_in_two == {"sleep_exec"}
     assert "part_two()\n        return sleep_exec(" in source
