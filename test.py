@@ -6731,6 +6731,71 @@ def test_memo_runs_through_every_kind_of_link(tmp_path, kind, argv0):
         assert not (tmp_path / sub / "__pycache__").exists(), sub
 
 
+def test_the_exec_line_alone_runs_memo_from_its_cache(tmp_path):
+    """The fast path is the exec line's own: with a fresh cache, memo run
+    directly, by a relative path, or through the one link README's set-up
+    makes (absolute or relative) never reads its first paragraph, which
+    it would otherwise compile each run (README: Speed).  Shown by an edit
+    of that paragraph that keeps memo's size and time, so the cache stays
+    fresh: those runs do not see it; a chain of two links (the paragraph's
+    to follow) does, and says the file is damaged."""
+    exe = _install(tmp_path / "clone")
+    (tmp_path / "bin").mkdir()
+    os.symlink(str(exe), str(tmp_path / "bin" / "abs"))
+    os.symlink("../clone/memo", str(tmp_path / "bin" / "rel"))
+    os.symlink("abs", str(tmp_path / "bin" / "chain"))
+    d = make_store(tmp_path / "m", ["event 0", "event 1"])
+    assert subprocess.run([str(exe), "--version"], env=env_for(d),
+                          capture_output=True).returncode == 0  # writes the cache
+    info = exe.stat()
+    text = exe.read_bytes()
+    edited = text.replace(b"\ndef real_path(path):", b"\ndef real_path(path)!", 1)
+    assert edited != text and len(edited) == len(text)
+    exe.write_bytes(edited)
+    os.utime(str(exe), ns=(info.st_atime_ns, info.st_mtime_ns))
+    for argv in ([str(exe)], ["./clone/memo"], [str(tmp_path / "bin" / "abs")],
+                 [str(tmp_path / "bin" / "rel")]):
+        r = subprocess.run(argv + ["zoom", "0-1"], env=env_for(d), cwd=str(tmp_path),
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and "#1 " in r.stdout and not r.stderr, (argv, r)
+    r = subprocess.run([str(tmp_path / "bin" / "chain"), "zoom", "0-1"], env=env_for(d),
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "file is damaged" in r.stderr, r
+
+
+def test_memo_has_no_assert():
+    """memo's caches are compiled with optimize=2 (no docstrings: README:
+    Speed), which would also drop an assert: memo must have none."""
+    import ast
+    with open(MEMO, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    assert not [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+
+
+@pytest.mark.parametrize("where", ["lib-dynload", "not there", "no lib-dynload"])
+def test_flock_module_loads_fcntl_by_its_path_or_imports_it(monkeypatch, tmp_path, where):
+    """flock_module loads fcntl from lib-dynload by its path (skipping the
+    import system's search, README: Speed), and imports it where that
+    file is not there or there is no lib-dynload on sys.path (a Python
+    that builds fcntl in): each way, the real fcntl."""
+    import fcntl
+    if "fcntl" in sys.builtin_module_names:
+        pytest.skip("fcntl is built in here: flock_module just imports it")
+    monkeypatch.delitem(sys.modules, "fcntl")
+    dynload = [p for p in sys.path if p.endswith("/lib-dynload")]
+    (tmp_path / "lib-dynload").mkdir()
+    if where == "not there":
+        monkeypatch.setattr(sys, "path", [str(tmp_path / "lib-dynload")] + sys.path)
+    elif where == "no lib-dynload":  # fcntl found on a path of another name
+        os.symlink(dynload[0], str(tmp_path / "dynload"))
+        monkeypatch.setattr(sys, "path", [str(tmp_path / "dynload") if p in dynload else p
+                                          for p in sys.path])
+    loaded = memo.flock_module()
+    assert loaded.flock is fcntl.flock or loaded.flock.__name__ == "flock"
+    assert loaded.LOCK_EX == fcntl.LOCK_EX and sys.modules["fcntl"] is loaded
+    assert memo.flock_module() is loaded  # once
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "zeroed", "empty"])
 @pytest.mark.parametrize("name", ["memocpython", "memo-part2.cpython", "blocks"])
 def test_a_damaged_cache_is_replaced(tmp_path, name, damage):
@@ -6818,9 +6883,9 @@ def test_part_one_names_nothing_of_part_two():
     defined_in_two = set(bound[two])
     assert not set(bound[one]) & defined_in_two, "each name is defined in one part"
     times = collections.Counter(bound[one] + bound[two])
-    # (the first paragraph's own names, bound on both of its paths)
-    assert {name for name, n in times.items() if n > 1} <= {
-        "__doc__", "SourceFileLoader", "_loader", "_code"}, "no global is bound twice"
+    # (__doc__: the sh block, to Python the module's docstring, then memo's own)
+    assert {name for name, n in times.items() if n > 1} <= {"__doc__"}, \
+        "no global is bound twice"
     assert _global_names(one) & defined_in_two == {"sleep_exec"}
     assert "part_two()\n        return sleep_exec(" in source
 
@@ -6872,14 +6937,17 @@ def test_the_start_survives_what_attacks_on_the_shebang_found(tmp_path):
     """Regressions (attack on the shebang's sh block):
     - the blank line after the first paragraph holding spaces or a tab:
       a cache miss said `NameError: name 'compiled_memo' is not defined`
-      on every run (the two paragraph readers disagreed on blank);
+      on every run (two paragraph readers disagreed on blank; there is
+      one now, the exec line's);
     - stdout a directory: a Fatal Python error at start-up, nothing saved;
     - PYTHONINSPECT=1: a start-up exit (memo damaged) opened Python's prompt,
       or printed `Traceback ... SystemExit`;
     - `bash -O execfail` with no python3: sh ran memo's Python as shell."""
     exe = _install(tmp_path / "clone")
-    exe.write_bytes(exe.read_bytes().replace(b"says so\n\ndef compiled_memo",
-                                             b"says so\n \t\ndef compiled_memo", 1))
+    edited = exe.read_bytes().replace(b"(type(e).__name__, e))\n\nif __name__",
+                                      b"(type(e).__name__, e))\n \t\nif __name__", 1)
+    assert edited != exe.read_bytes()
+    exe.write_bytes(edited)
     d = make_store(tmp_path / "m", ["event 0"])
     for _ in range(2):  # compiled, then cached
         r = subprocess.run([str(exe), "wake"], env=env_for(d), capture_output=True, text=True)
@@ -6894,7 +6962,7 @@ def test_the_start_survives_what_attacks_on_the_shebang_found(tmp_path):
     damaged = tmp_path / "damaged"
     shutil.copy(MEMO, str(damaged))
     damaged.write_text(damaged.read_text(encoding="utf-8").replace(
-        '\nif __name__ == "__main__" and', '\n\nif __name__ == "__main__" and', 1),
+        "\ndef compiled_memo(path):", "\n\ndef compiled_memo(path):", 1),
         encoding="utf-8")
     r = subprocess.run([str(damaged), "wake"], env=dict(env_for(d), PYTHONINSPECT="1"),
                        stdin=subprocess.DEVNULL, capture_output=True, text=True)
