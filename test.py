@@ -2941,8 +2941,9 @@ def test_an_empty_directory_is_a_valid_store(tmp_path):
 
 def test_a_directory_of_other_files_is_not_a_store(tmp_path):
     """A directory holding files but none of memo's (a project folder, a
-    typo'd `~`) is refused by every command but init, in one line naming
-    it, and no command creates anything there; init makes it a store."""
+    typo'd `~`) is refused by every command, in one line naming it, and no
+    command creates anything there; init refuses it too
+    (test_init_refuses_a_folder_of_other_files)."""
     d = tmp_path / "project"
     d.mkdir()
     (d / "README").write_text("mine")
@@ -2952,9 +2953,8 @@ def test_a_directory_of_other_files_is_not_a_store(tmp_path):
         assert r.code == 1 and one_line(r.err) and "not a memory store" in r.err, (args, r)
     assert listing(d) == before
     r = cli(d, "init")
-    assert r.code == 0 and "Created %s." % d in r.out, r
-    assert {"LOG.txt", "TREE", "config", "README"} <= set(os.listdir(d))
-    assert cli(d, "note", "now it is one").code == 0
+    assert r.code == 1 and "a store needs a directory of its own" in r.err, r
+    assert listing(d) == before
 
 
 def test_missing_store_is_never_created(tmp_path):
@@ -4499,6 +4499,26 @@ def test_init_refuses_a_folder_whose_config_is_not_memos(tmp_path):
     assert os.listdir(str(d)) == ["config"]
 
 
+def test_init_refuses_a_folder_of_other_files(tmp_path):
+    """Regression (attack): `MEMORY_DIR=/ memo init` made / a store, beside
+    everything there, then said `chmod -R go-rwx /`; so would $HOME or a
+    project folder.  init makes a store only in a new or empty directory,
+    or one holding only hidden entries (a `.git` to keep it in)."""
+    d = tmp_path / "project"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine\n")
+    r = cli(d, "init")
+    assert r.code == 1 and one_line(r.err) and r.out == "", r
+    assert r.err.startswith("%s holds other files (notes.txt): a store needs a directory of "
+                            "its own." % d) and str(d / "memory") in r.err, r
+    assert os.listdir(str(d)) == ["notes.txt"]
+    (d / "notes.txt").unlink()
+    (d / ".git").mkdir()
+    r = cli(d, "init")
+    assert r.code == 0 and r.out.startswith("Created %s." % d), r
+    assert sorted(os.listdir(str(d))) == [".git", "LOG.txt", "TREE", "config"]
+
+
 def test_init_names_a_relative_store_in_full(tmp_path):
     """Regression (attack): `MEMORY_DIR=rel/store memo init` told the agent
     to set MEMORY_DIR=rel/store, which works only from that directory."""
@@ -5704,12 +5724,15 @@ def test_a_deleted_working_directory_is_one_line(tmp_path):
     said `memo: FileNotFoundError: ...`.  One line: what and the fix."""
     exe = _install(tmp_path / "clone", cached=True)
     gone = tmp_path / "a" / "gone"
-    gone.mkdir(parents=True)
-    rel = os.path.relpath(str(exe), str(gone))
-    r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" wake', "sh", str(gone),
-                        rel], capture_output=True, text=True, env=env_for(tmp_path / "m"))
-    err = r.stderr.replace("sh: 0: getcwd() failed: No such file or directory\n", "")
-    assert r.returncode == 1 and one_line(err) and "working directory was deleted" in err, r
+    # (and `python3 <relative path>`, which said that still: attack)
+    for run in ('exec "$2" wake', 'exec "$3" -S "$2" wake'):
+        gone.mkdir(parents=True)
+        rel = os.path.relpath(str(exe), str(gone))
+        r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && ' + run, "sh", str(gone),
+                            rel, sys.executable], capture_output=True, text=True,
+                           env=env_for(tmp_path / "m"))
+        err = r.stderr.replace("sh: 0: getcwd() failed: No such file or directory\n", "")
+        assert r.returncode == 1 and one_line(err) and "working directory was deleted" in err, r
 
 
 def test_warnings_as_errors_print_nothing_more(tmp_path):
@@ -6733,12 +6756,11 @@ def test_memo_runs_through_every_kind_of_link(tmp_path, kind, argv0):
 
 def test_the_exec_line_alone_runs_memo_from_its_cache(tmp_path):
     """The fast path is the exec line's own: with a fresh cache, memo run
-    directly, by a relative path, or through the one link README's set-up
-    makes (absolute or relative) never reads its first paragraph, which
-    it would otherwise compile each run (README: Speed).  Shown by an edit
-    of that paragraph that keeps memo's size and time, so the cache stays
-    fresh: those runs do not see it; a chain of two links (the paragraph's
-    to follow) does, and says the file is damaged."""
+    directly, by a relative path, or through links (absolute, relative, a
+    chain) never reads its first paragraph, which it would otherwise
+    compile each run (README: Speed).  Shown by an edit of that paragraph
+    that keeps memo's size and time, so the cache stays fresh: no run
+    sees it."""
     exe = _install(tmp_path / "clone")
     (tmp_path / "bin").mkdir()
     os.symlink(str(exe), str(tmp_path / "bin" / "abs"))
@@ -6754,13 +6776,52 @@ def test_the_exec_line_alone_runs_memo_from_its_cache(tmp_path):
     exe.write_bytes(edited)
     os.utime(str(exe), ns=(info.st_atime_ns, info.st_mtime_ns))
     for argv in ([str(exe)], ["./clone/memo"], [str(tmp_path / "bin" / "abs")],
-                 [str(tmp_path / "bin" / "rel")]):
+                 [str(tmp_path / "bin" / "rel")], [str(tmp_path / "bin" / "chain")]):
         r = subprocess.run(argv + ["zoom", "0-1"], env=env_for(d), cwd=str(tmp_path),
                            capture_output=True, text=True)
         assert r.returncode == 0 and "#1 " in r.stdout and not r.stderr, (argv, r)
-    r = subprocess.run([str(tmp_path / "bin" / "chain"), "zoom", "0-1"], env=env_for(d),
+
+
+def test_a_chain_of_links_runs_the_cache_beside_the_real_file(tmp_path):
+    """Regression (attack): the exec line followed one link, so through
+    bin/memo -> mid/memo -> clone/memo it ran the cache in mid/__pycache__,
+    left there by another memo of the same size and time (mid/memo was
+    once a copy): the wrong version ran."""
+    exe = _install(tmp_path / "clone")
+    (tmp_path / "mid").mkdir()
+    (tmp_path / "bin").mkdir()
+    other = tmp_path / "mid" / "memo"
+    text = exe.read_text(encoding="utf-8")
+    old = 'VERSION = "%s"' % memo.VERSION
+    other.write_text(text.replace(old, 'VERSION = "%s"' % ("9" * len(memo.VERSION)), 1),
+                     encoding="utf-8")
+    assert other.stat().st_size == exe.stat().st_size
+    shutil.copy(str(tmp_path / "clone" / "blocks.py"), str(tmp_path / "mid"))
+    os.chmod(str(other), 0o755)
+    os.utime(str(other), ns=(exe.stat().st_atime_ns, exe.stat().st_mtime_ns))
+    r = subprocess.run([str(other), "--version"], env=BASE_ENV, capture_output=True, text=True)
+    assert r.stdout.startswith("memo 999"), r  # its cache is in mid/__pycache__
+    other.unlink()
+    os.symlink("../clone/memo", str(other))
+    os.symlink("../mid/memo", str(tmp_path / "bin" / "memo"))
+    r = subprocess.run([str(tmp_path / "bin" / "memo"), "--version"], env=BASE_ENV,
                        capture_output=True, text=True)
-    assert r.returncode == 1 and "file is damaged" in r.stderr, r
+    assert r.stdout == "memo %s\n" % memo.VERSION, r
+
+
+def test_part_two_cache_takes_memos_mode(tmp_path):
+    """Regression (attack): part two's cache was made 0666 less umask (its
+    loader's stat of the -part2.py name found nothing), where part one's
+    takes memo's own mode: under umask 000, a cache anyone could write."""
+    exe = _install(tmp_path / "clone")
+    os.chmod(str(exe), 0o700)
+    d = make_store(tmp_path / "m", ["event 0"])
+    r = subprocess.run(["sh", "-c", 'umask 000 && exec "$0" recall event', str(exe)],
+                       env=env_for(d), capture_output=True, text=True)
+    assert r.returncode == 0, r
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode)
+             for p in (tmp_path / "clone" / "__pycache__").iterdir() if p.name.startswith("memo")}
+    assert sorted(modes.values()) == [0o600, 0o600], modes  # (memo's mode less x, as Python does)
 
 
 def test_memo_has_no_assert():
