@@ -4501,9 +4501,10 @@ def test_init_refuses_a_folder_whose_config_is_not_memos(tmp_path):
 
 def test_init_refuses_a_folder_of_other_files(tmp_path):
     """Regression (attack): `MEMORY_DIR=/ memo init` made / a store, beside
-    everything there, then said `chmod -R go-rwx /`; so would $HOME or a
-    project folder.  init makes a store only in a new or empty directory,
-    or one holding only hidden entries (a `.git` to keep it in)."""
+    everything there, then said `chmod -R go-rwx /`; so would $HOME (its
+    dotfiles alone) or a project folder.  init makes a store only in a new
+    or empty directory, or one holding only what may be beside a store
+    (a `.git` to keep it in: BESIDE_A_STORE)."""
     d = tmp_path / "project"
     d.mkdir()
     (d / "notes.txt").write_text("mine\n")
@@ -4512,6 +4513,12 @@ def test_init_refuses_a_folder_of_other_files(tmp_path):
     assert r.err.startswith("%s holds other files (notes.txt): a store needs a directory of "
                             "its own." % d) and str(d / "memory") in r.err, r
     assert os.listdir(str(d)) == ["notes.txt"]
+    home = tmp_path / "home"  # a new account's home: dotfiles alone (attack)
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".bashrc").write_text("")
+    r = cli("~", "init", env={"HOME": str(home)})
+    assert r.code == 1 and "holds other files (.bashrc, .ssh)" in r.err, r
+    assert sorted(os.listdir(str(home))) == [".bashrc", ".ssh"]
     (d / "notes.txt").unlink()
     (d / ".git").mkdir()
     r = cli(d, "init")
@@ -6822,6 +6829,16 @@ def test_part_two_cache_takes_memos_mode(tmp_path):
     modes = {p.name: stat.S_IMODE(p.stat().st_mode)
              for p in (tmp_path / "clone" / "__pycache__").iterdir() if p.name.startswith("memo")}
     assert sorted(modes.values()) == [0o600, 0o600], modes  # (memo's mode less x, as Python does)
+
+
+def test_memo_that_cannot_read_its_own_file_says_so(tmp_path):
+    """Regression (attack): where the exec line's fast path failed and memo's
+    file could not be opened again (`sh -s < memo`, a link replaced as memo
+    started), a traceback.  Now one line."""
+    r = subprocess.run(["sh", "-s", "wake"], stdin=open(MEMO, "rb"), cwd=str(tmp_path),
+                       env=env_for(tmp_path / "m"), capture_output=True, text=True)
+    assert r.returncode == 1 and one_line(r.stderr), r
+    assert r.stderr.startswith("memo: cannot read its own file: "), r
 
 
 def test_memo_has_no_assert():
