@@ -4526,6 +4526,29 @@ def test_init_refuses_a_folder_of_other_files(tmp_path):
     assert sorted(os.listdir(str(d))) == [".git", "LOG.txt", "TREE", "config"]
 
 
+def test_init_racing_another_init_makes_one_whole_store(tmp_path, monkeypatch):
+    """Regression (attack): two inits at once on one new store: the loser
+    said `File exists (LOG.txt)` or `... is not a directory`, and could
+    remove the LOG.txt it made after the winner said `Created`.  Here the
+    other init wins every race: each directory and file appears just
+    before this one makes it; init takes it as made and goes on."""
+    import posix
+    real_mkdir, real_create = posix.mkdir, memo.create_at
+
+    def mkdir(path, mode=0o777, *, dir_fd=None):
+        real_mkdir(path, mode, dir_fd=dir_fd)  # the other init's
+        real_mkdir(path, mode, dir_fd=dir_fd)
+
+    def create_at(dir_fd, name):
+        os.close(real_create(dir_fd, name))  # the other init's
+        return real_create(dir_fd, name)
+    monkeypatch.setattr(posix, "mkdir", mkdir)
+    monkeypatch.setattr(memo, "create_at", create_at)
+    d = str(tmp_path / "new" / "m")
+    assert memo.create_store(d) == d
+    assert sorted(os.listdir(d)) == ["LOG.txt", "TREE", "config"]
+
+
 def test_init_names_a_relative_store_in_full(tmp_path):
     """Regression (attack): `MEMORY_DIR=rel/store memo init` told the agent
     to set MEMORY_DIR=rel/store, which works only from that directory."""
