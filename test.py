@@ -3478,6 +3478,18 @@ def test_shared_store_gets_one_line_warning(tmp_path, files):
     assert one_line(r.err) and "chmod -R go-rwx" in r.err, r
 
 
+def test_a_store_through_a_link_is_not_called_shared(tmp_path):
+    """Regression (attack): a store reached through a symlink was warned
+    `can be read by others` on every command, for the link's own mode
+    (0777), which no chmod changes; the directory's mode is what counts."""
+    d = make_store(tmp_path / "m", ["event 0"])
+    os.symlink(str(d), str(tmp_path / "link"))
+    r = cli(tmp_path / "link", "wake")
+    assert r.code == 0 and "#0 " in r.out and r.err == "", r
+    os.chmod(d, 0o755)
+    assert "can be read by others" in cli(tmp_path / "link", "wake").err
+
+
 # -- permissions ---------------------------------------------------------------
 
 def _unprivileged():
@@ -4519,6 +4531,9 @@ def test_init_refuses_a_folder_of_other_files(tmp_path):
     r = cli("~", "init", env={"HOME": str(home)})
     assert r.code == 1 and "holds other files (.bashrc, .ssh)" in r.err, r
     assert sorted(os.listdir(str(home))) == [".bashrc", ".ssh"]
+    assert cli("~/memory", "init", env={"HOME": str(home)}).code == 0  # the store, then ~
+    r = cli("~", "init", env={"HOME": str(home)})
+    assert r.code == 1 and r.err.endswith("or to the store in %s.\n" % (home / "memory")), r
     (d / "notes.txt").unlink()
     (d / ".git").mkdir()
     r = cli(d, "init")
@@ -6862,6 +6877,12 @@ def test_memo_that_cannot_read_its_own_file_says_so(tmp_path):
                        env=env_for(tmp_path / "m"), capture_output=True, text=True)
     assert r.returncode == 1 and one_line(r.stderr), r
     assert r.stderr.startswith("memo: cannot read its own file: "), r
+    # where `sh` (its $0) names a binary there, Python 3.7-3.10 raised
+    # ValueError (null bytes) reading it as memo: a traceback (attack)
+    (tmp_path / "sh").write_bytes(b"\x7fELF\0\0\0")
+    r = subprocess.run(["sh", "-s", "wake"], stdin=open(MEMO, "rb"), cwd=str(tmp_path),
+                       env=env_for(tmp_path / "m"), capture_output=True, text=True)
+    assert r.returncode == 1 and one_line(r.stderr) and "Traceback" not in r.stderr, r
 
 
 def test_memo_has_no_assert():
