@@ -14,9 +14,7 @@ number of steps that grows with its output or with ``log2(T)``, never with
 ``complete_count`` to count them).
 """
 
-from itertools import islice
-
-__all__ = ["is_block", "halves", "roots", "refinements", "cover",
+__all__ = ["is_block", "halves", "roots", "refinements", "bands", "cover",
            "complete", "complete_count", "completed_at"]
 
 
@@ -71,35 +69,26 @@ def refinements(T):
     at ``T`` and each is the parent of the next (the larger first).  Each
     block costs O(1) steps, and a band O(log2(T)).
     """
+    for band, sizes in enumerate(bands(T), 1):
+        for s in sizes:
+            lo = (T // s - band) * s  # the band-th newest complete block of size s
+            yield lo, lo + s
+
+
+def bands(T):
+    """Yield refinements' bands ``j = 1, 2, ...``: for each, the sizes of
+    the blocks it splits, in the order it splits them (its ``j``-th newest
+    block of each).  ``O(log2(T))`` a band."""
     sizes = [1 << k for k in range(1, T.bit_length())]
     top = 1 << T.bit_length()  # above every size: (T % s) * (top // s) orders f exactly
-    for s in sorted(sizes, key=lambda s: ((T % s) * (top // s), -s)):  # band 1
-        yield T // s * s - s, T // s * s  # the newest complete block of size s
+    yield sorted(sizes, key=lambda s: ((T % s) * (top // s), -s))
     order, band = sorted(sizes, key=lambda s: ((T % s) * (top // s), s)), 2
-    while order:
+    while True:
         order = [s for s in order if T // s >= band]  # the sizes with a band-th block
-        for s in order:
-            lo = (T // s - band) * s
-            yield lo, lo + s
+        if not order:
+            return
+        yield order
         band += 1
-
-
-def expand(T, split):
-    """The cover of ``[0, T)`` that splits exactly the blocks in ``split``.
-
-    ``split`` must be closed upward (a block's parent is split whenever the
-    block is), as every prefix of ``refinements(T)`` is.  Oldest first.
-    """
-    out = []
-    stack = list(reversed(roots(T)))
-    while stack:
-        block = stack.pop()
-        if block in split:
-            left, right = halves(*block)
-            stack += (right, left)
-        else:
-            out.append(block)
-    return out
 
 
 def cover(T, budget):
@@ -115,12 +104,26 @@ def cover(T, budget):
     ``complete(T)``.  The cover splits exactly the first
     ``budget - bin(T).count("1")`` blocks of ``refinements(T)``.
 
+    Built from counts, not from the blocks split: refinements splits the
+    newest blocks of each size first, so if ``split[s]`` of them are split,
+    the blocks of size ``s`` and less tile ``[(T // 2s - split[2s]) * 2s, T)``.
     Costs ``O(budget + log2(T) ** 2)`` whatever ``T`` is.
     """
     if T <= budget:
         return [(i, i + 1) for i in range(T)]
-    steps = budget - bin(T).count("1")
-    return expand(T, set(islice(refinements(T), max(steps, 0))))
+    steps, split = budget - bin(T).count("1"), {}
+    for sizes in bands(T):
+        if steps <= 0:
+            break
+        for s in sizes[:steps]:
+            split[s] = split.get(s, 0) + 1
+        steps -= len(sizes)
+    out, lo, size = [], 0, 1 << (T.bit_length() - 1)
+    while size:
+        hi = (T // size - split.get(size, 0)) * size if size > 1 else T
+        out += [(a, a + size) for a in range(lo, hi, size)]
+        lo, size = hi, size // 2
+    return out
 
 
 def completed_at(hi):

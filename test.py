@@ -408,6 +408,30 @@ def test_cover_matches_the_slow_rule(T):
         assert blocks.cover(T, budget) == slow_cover(T, budget), budget
 
 
+def expanded_cover(T, budget):
+    """cover as its docstring defines it: roots(T) with the first
+    budget - popcount(T) blocks of refinements(T) split, each into its
+    halves (blocks.py's own cover until it counted the splits instead)."""
+    from itertools import islice
+    split = set(islice(blocks.refinements(T), max(0, budget - bin(T).count("1"))))
+    out, stack = [], list(reversed(blocks.roots(T)))
+    while stack:
+        block = stack.pop()
+        if block in split:
+            stack += reversed(blocks.halves(*block))
+        else:
+            out.append(block)
+    return [(i, i + 1) for i in range(T)] if T <= budget else out
+
+
+def test_cover_splits_the_first_refinements():
+    """cover, built from how many blocks of each size are split, is the
+    cover that splits the blocks refinements lists first."""
+    for T in SAMPLES + [2 ** 40 + 12345, 10 ** 12 + 7]:
+        for budget in BUDGETS + [0, 100, 300, 1000]:
+            assert blocks.cover(T, budget) == expanded_cover(T, budget), (T, budget)
+
+
 def heap_refinements(T):
     """refinements' rule as a heap: pop the block of largest size/age
     (Fraction, exact), the newest on a tie; push its halves."""
@@ -7159,10 +7183,10 @@ def _imported(env, *args):
             if line.startswith("import time:") and "imported package" not in line}
 
 
-# Beyond the bare interpreter's own: _stat (S_ISREG and kin), the flock call,
-# the block math; the rest is built in.
-AGENT_IMPORTS = {"_stat", "fcntl", "blocks", "itertools", "gc", "_signal", "time",
-                 "marshal", "posix"}
+# Beyond the bare interpreter's own: the flock call, the block math; the rest
+# is built in (memo spells out st_mode's file types itself, and wake's
+# cover needs no islice: each of _stat and itertools cost a run 0.04 ms).
+AGENT_IMPORTS = {"fcntl", "blocks", "gc", "_signal", "time", "marshal", "posix"}
 
 
 def test_an_agents_commands_load_only_what_they_need(tmp_path):
