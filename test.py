@@ -318,7 +318,10 @@ def store(tmp_path):
     """An empty store as `memo init` makes it (in-process: init's own tests
     run the CLI); MEMORY_DIR points at it for in-process calls."""
     d = tmp_path / "mem"
-    memo.create_store(str(d))
+    d.mkdir(mode=0o700)
+    fd = os.open(str(d), os.O_RDONLY)
+    memo.create_store(str(d), fd, [])
+    os.close(fd)
     old = os.environ.get("MEMORY_DIR")
     os.environ["MEMORY_DIR"] = str(d)
     yield str(d)
@@ -4567,25 +4570,53 @@ def test_init_refuses_a_folder_of_other_files(tmp_path):
 
 def test_init_racing_another_init_makes_one_whole_store(tmp_path, monkeypatch):
     """Regression (attack): two inits at once on one new store: the loser
-    said `File exists (LOG.txt)` or `... is not a directory`, and could
-    remove the LOG.txt it made after the winner said `Created`.  Here the
-    other init wins every race: each directory and file appears just
-    before this one makes it; init takes it as made and goes on."""
+    said `... is not a directory`, or removed the parent it had made.
+    Here the other init wins every race for a directory: each appears
+    just before this one makes it; init takes it as made and goes on."""
     import posix
-    real_mkdir, real_create = posix.mkdir, memo.create_at
+    real_mkdir = posix.mkdir
 
     def mkdir(path, mode=0o777, *, dir_fd=None):
-        real_mkdir(path, mode, dir_fd=dir_fd)  # the other init's
+        if dir_fd is None:  # the store's parents and itself, not TREE (made under the lock)
+            real_mkdir(path, mode)  # the other init's
         real_mkdir(path, mode, dir_fd=dir_fd)
-
-    def create_at(dir_fd, name):
-        os.close(real_create(dir_fd, name))  # the other init's
-        return real_create(dir_fd, name)
     monkeypatch.setattr(posix, "mkdir", mkdir)
-    monkeypatch.setattr(memo, "create_at", create_at)
-    d = str(tmp_path / "new" / "m")
-    assert memo.create_store(d) == d
-    assert sorted(os.listdir(d)) == ["LOG.txt", "TREE", "config"]
+    d = tmp_path / "new" / "m"
+    monkeypatch.setenv("MEMORY_DIR", str(d))
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        memo.command(memo.COMMAND["init"].function)(str(d), [])
+    assert out.getvalue().startswith("Created %s." % d)
+    assert sorted(os.listdir(str(d))) == ["LOG.txt", "TREE", "config"]
+
+
+def test_init_makes_the_store_under_the_lock(tmp_path, monkeypatch):
+    """Regression (attack): an init that failed half way (a full disk, the
+    file size limit) removed the LOG.txt it had made after a racing init,
+    finding it, had said `Created`: a note saved in between was lost.
+    init now looks and makes under the store's lock.  Here this init's
+    config write fails on a full disk while another init, in its own
+    process, has started: that one waits, then makes the whole store."""
+    import errno
+    d = tmp_path / "m"
+    d.mkdir()
+    monkeypatch.setenv("MEMORY_DIR", str(d))
+    other = []
+
+    def write_at(fd, data, offset):
+        other.append(subprocess.Popen([MEMO, "init"], env=env_for(d), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+        time.sleep(0.3)  # time enough for it to find LOG.txt, were there no lock
+        assert other[0].poll() is None and sorted(os.listdir(str(d))) == ["LOG.txt", "config"]
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(memo, "write_at", write_at)
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        with pytest.raises(SystemExit):
+            memo.command(memo.COMMAND["init"].function)(str(d), [])
+    assert err.getvalue().startswith("Cannot create the store %s: No space left" % d)
+    out, errors = other[0].communicate(timeout=30)
+    assert other[0].returncode == 0 and out.startswith("Created %s." % d), (out, errors)
+    assert sorted(os.listdir(str(d))) == ["LOG.txt", "TREE", "config"]
+    assert cli(d, "note", "kept").code == 0 and cli(d, "wake").out.count("kept") == 1
 
 
 def test_init_names_a_relative_store_in_full(tmp_path):
