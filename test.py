@@ -3759,13 +3759,65 @@ def test_corrupt_summary_names_block_and_forget(tmp_path, how):
 
 def test_init_on_a_damaged_store_reports_it(tmp_path):
     """Regression (attack): `memo init` on a store whose LOG.txt holds junk
-    crashed.  Now it reports the store, names the damage, writes nothing."""
-    d = str(tmp_path / "m")
-    os.mkdir(d, 0o700)
-    write(os.path.join(d, "LOG.txt"), b"junk")
+    crashed.  Now it reports the store, names the damage, writes nothing
+    (a LOG.txt of junk alone is not memo's: test_a_log_memo_did_not_write_is_not_a_store)."""
+    d = make_store(tmp_path / "m", ["event"])
+    with open(os.path.join(d, "LOG.txt"), "ab") as f:
+        f.write(b"junk\n")
     r = cli(d, "init")
-    assert r.code == 0 and "Found " in r.out and "LOG.txt" in r.err, r
-    assert log_bytes(d) == b"junk"
+    assert r.code == 0 and "Found " in r.out and "LOG.txt ends in 5 bytes" in r.err, r
+    assert log_bytes(d)[LOG:] == b"junk\n"
+
+
+# What a folder's own LOG.txt may hold (memo's LOG.txt is whole 320-byte
+# records, `#<i> <date> <text>`, spaces, a newline)
+FOREIGN_LOGS = {
+    "whole records of text": ("x" * 319 + "\n") * 2,  # note appended a memory to it
+    "a line of text": "2024-01-01 started the project\n",
+    "junk": "junk",
+    "one record, not a memory": "#x" + " " * 317 + "\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOREIGN_LOGS))
+def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
+    """Regression (attack): a folder holding a LOG.txt of its own (a
+    project's) was taken for a store: init said `Found ...: 2 memories`,
+    `note` appended a memory to that file when it held whole 320-byte
+    lines, and a wake advised cutting its last bytes with truncate.  Now
+    a LOG.txt whose first and last records are not memories is not a
+    store's: every command refuses the folder in one line and changes
+    nothing in it (a log of memo's damaged at one end still takes notes:
+    test_damage_elsewhere_is_a_warning_after_the_save)."""
+    d = tmp_path / "project"
+    d.mkdir()
+    (d / "LOG.txt").write_text(FOREIGN_LOGS[case])
+    before = listing(d)
+    hist = write_history(tmp_path / "h.txt", 3)
+    for args, r in list(run_all(d, ALL_COMMANDS, hist).items()) + [(("init",), cli(d, "init"))]:
+        assert r.code == 1 and one_line(r.err) and r.out == "", (args, r)
+        assert r.err.startswith("%s is not a memory store: its LOG.txt is not a log memo "
+                                "wrote" % d), (args, r)
+    assert listing(d) == before and (d / "LOG.txt").read_text() == FOREIGN_LOGS[case]
+
+
+def test_a_log_damaged_at_one_end_is_still_memos(tmp_path):
+    """The other side of test_a_log_memo_did_not_write_is_not_a_store: a
+    log of memo's whose first or last memory has a damaged header still
+    takes a note (the damage named); with both damaged it is refused, in
+    words that cover a store of one's own."""
+    for ends in ([0], [2], [0, 2]):
+        d = make_store(tmp_path / ("m%s" % ends), ["event 0", "event 1", "event 2"])
+        data = log_bytes(d)
+        for i in ends:
+            data = _patch(data, i * LOG + 1, b"x")  # `#x 2020-...`
+        write(os.path.join(d, "LOG.txt"), data)
+        r = cli(d, "note", "a new one")
+        if len(ends) == 1:
+            assert r.code == 0 and r.out.startswith("Saved as #3."), (ends, r)
+        else:
+            assert r.code == 1 and "If this is your store, its LOG.txt is damaged" in r.err, r
+            assert log_bytes(d) == data
 
 
 def test_a_lost_log_is_damage_not_an_empty_store(tmp_path):
