@@ -45,6 +45,25 @@ def roots(T):
     return out
 
 
+def bands(T):
+    """Yield the bands ``j = 1, 2, ...`` of ``refinements(T)`` (see there):
+    for each, the sizes of the blocks it splits, in the order it splits
+    them (the ``j``-th newest complete block of each).  ``O(log2(T))`` a
+    band."""
+    sizes = [1 << k for k in range(1, T.bit_length())]  # each has a complete block
+    if not sizes:
+        return
+    top = 1 << T.bit_length()  # above every size: (T % s) * (top // s) orders f exactly
+    yield sorted(sizes, key=lambda s: ((T % s) * (top // s), -s))
+    order, band = sorted(sizes, key=lambda s: ((T % s) * (top // s), s)), 2
+    while True:
+        order = [s for s in order if T // s >= band]  # the sizes with a band-th block
+        if not order:
+            return
+        yield order
+        band += 1
+
+
 def refinements(T):
     """Yield, one at a time, the blocks that ``cover`` splits as budget grows.
 
@@ -73,22 +92,6 @@ def refinements(T):
         for s in sizes:
             lo = (T // s - band) * s  # the band-th newest complete block of size s
             yield lo, lo + s
-
-
-def bands(T):
-    """Yield refinements' bands ``j = 1, 2, ...``: for each, the sizes of
-    the blocks it splits, in the order it splits them (its ``j``-th newest
-    block of each).  ``O(log2(T))`` a band."""
-    sizes = [1 << k for k in range(1, T.bit_length())]
-    top = 1 << T.bit_length()  # above every size: (T % s) * (top // s) orders f exactly
-    yield sorted(sizes, key=lambda s: ((T % s) * (top // s), -s))
-    order, band = sorted(sizes, key=lambda s: ((T % s) * (top // s), s)), 2
-    while True:
-        order = [s for s in order if T // s >= band]  # the sizes with a band-th block
-        if not order:
-            return
-        yield order
-        band += 1
 
 
 def cover(T, budget):

@@ -427,6 +427,16 @@ def expanded_cover(T, budget):
     return [(i, i + 1) for i in range(T)] if T <= budget else out
 
 
+@pytest.mark.parametrize("T, expected", [
+    (0, []), (1, []), (2, [[2]]), (3, [[2]]),
+    (12, [[4, 2, 8], [2, 4], [2, 4], [2], [2], [2]]),  # 4 and 2 divide 12: in band 1 the larger first
+    (13, [[4, 2, 8], [4, 2], [4, 2], [2], [2], [2]]),  # f = (T % s) / s: 1/4, 1/2, 5/8
+])
+def test_bands_table(T, expected):
+    """bands: the sizes refinements splits, band by band, in its order."""
+    assert list(blocks.bands(T)) == expected
+
+
 def test_cover_splits_the_first_refinements():
     """cover, built from how many blocks of each size are split, is the
     cover that splits the blocks refinements lists first."""
