@@ -112,7 +112,7 @@ def cover(T, budget):
     the blocks of size ``s`` and less tile ``[(T // 2s - split[2s]) * 2s, T)``.
     Costs ``O(budget + log2(T) ** 2)`` whatever ``T`` is.
     """
-    if T <= budget:
+    if T <= max(budget, 0):
         return [(i, i + 1) for i in range(T)]
     steps, split = budget - bin(T).count("1"), {}
     for sizes in bands(T):

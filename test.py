@@ -424,7 +424,7 @@ def expanded_cover(T, budget):
             stack += reversed(blocks.halves(*block))
         else:
             out.append(block)
-    return [(i, i + 1) for i in range(T)] if T <= budget else out
+    return [(i, i + 1) for i in range(T)] if T <= max(budget, 0) else out
 
 
 @pytest.mark.parametrize("T, expected", [
@@ -441,7 +441,7 @@ def test_cover_splits_the_first_refinements():
     """cover, built from how many blocks of each size are split, is the
     cover that splits the blocks refinements lists first."""
     for T in SAMPLES + [2 ** 40 + 12345, 10 ** 12 + 7]:
-        for budget in BUDGETS + [0, 100, 300, 1000]:
+        for budget in BUDGETS + [-1, 0, 100, 300, 1000]:  # (-1 with T = 0 raised: attack)
             assert blocks.cover(T, budget) == expanded_cover(T, budget), (T, budget)
 
 
@@ -4668,7 +4668,7 @@ def test_init_makes_the_store_under_the_lock(tmp_path, monkeypatch):
         other.append(subprocess.Popen([MEMO, "init"], env=env_for(d), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
         time.sleep(0.3)  # time enough for it to find LOG.txt, were there no lock
-        assert other[0].poll() is None and sorted(os.listdir(str(d))) == ["LOG.txt", "config"]
+        assert other[0].poll() is None and sorted(os.listdir(str(d))) == ["TREE", "config"]
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(memo, "write_at", write_at)
     with contextlib.redirect_stderr(io.StringIO()) as err:
@@ -4679,6 +4679,114 @@ def test_init_makes_the_store_under_the_lock(tmp_path, monkeypatch):
     assert other[0].returncode == 0 and out.startswith("Created %s." % d), (out, errors)
     assert sorted(os.listdir(str(d))) == ["LOG.txt", "TREE", "config"]
     assert cli(d, "note", "kept").code == 0 and cli(d, "wake").out.count("kept") == 1
+
+
+def _init_in_process(d):
+    """memo init on `d`, in this process: ``(exit code, stdout, stderr)``."""
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    os.environ["MEMORY_DIR"] = str(d)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            memo.command(memo.COMMAND["init"].function)(str(d), [])
+    except SystemExit as e:
+        code = e.code
+    finally:
+        del os.environ["MEMORY_DIR"]
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("fails_at", ["the config write", "the directory's fsync"])
+def test_an_init_that_fails_keeps_what_a_note_saved_meanwhile(tmp_path, monkeypatch, fails_at):
+    """Regression (attack): where directories take no flock (NFS), a note
+    saved while an init was making the store, and the init, failing after
+    (a full disk, EIO), removed the LOG.txt holding it.  Now what another
+    made is taken as made, LOG.txt comes last, and a LOG.txt holding
+    anything is never removed."""
+    import errno
+    d = tmp_path / "m"
+    monkeypatch.setattr(memo, "lock_directory", lambda wait, fd, exclusive: False)  # NFS
+    real_write, real_sync = memo.write_at, memo.sync
+    notes = []
+
+    def note_then_fail(e):
+        notes.append(cli(d, "note", "saved meanwhile"))
+        raise OSError(e, os.strerror(e))
+
+    def write_at(fd, data, offset):
+        if fails_at == "the config write":
+            note_then_fail(errno.ENOSPC)
+        real_write(fd, data, offset)
+
+    def sync(fd):
+        if fails_at == "the directory's fsync" and stat.S_ISDIR(os.fstat(fd).st_mode):
+            note_then_fail(errno.EIO)
+        real_sync(fd)
+    monkeypatch.setattr(memo, "write_at", write_at)
+    monkeypatch.setattr(memo, "sync", sync)
+    code, out, err = _init_in_process(d)
+    assert code == 1 and err.startswith("Cannot create the store %s: " % d), (out, err)
+    assert notes[0].code == 0 and notes[0].out.startswith("Saved as #0."), notes
+    assert "#0 " in cli(d, "wake").out and "saved meanwhile" in cli(d, "recall", "meanwhile").out
+
+
+def test_a_store_removed_while_commands_wait_is_looked_for_again(tmp_path, monkeypatch):
+    """Regression (attack): an init that failed removed the directory it
+    had made while a note and another init waited for its lock: that init
+    said `No such file or directory (LOG.txt)`, with a wrong fix, the note
+    `Stopped: No such file or directory`, and a wake there `No memories
+    yet`.  Now each looks again: the init makes the store, the note saves
+    into it or says there is no memory there."""
+    import errno
+    d = tmp_path / "new" / "m"
+    waiting = []
+
+    def write_at(fd, data, offset):
+        for args in (("init",), ("note", "kept"), ("wake",)):
+            waiting.append(subprocess.Popen([MEMO] + list(args), env=env_for(d),
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True))
+        time.sleep(0.5)  # each has opened the directory, and waits for its lock
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(memo, "write_at", write_at)
+    code, out, err = _init_in_process(d)
+    assert code == 1 and err.endswith("Nothing was left behind. Fix: free some space there, "
+                                      "or set MEMORY_DIR to another disk.\n"), err
+    (init, init_err), (note, note_err), (wake, wake_err) = [p.communicate(timeout=30)
+                                                            for p in waiting]
+    assert waiting[0].returncode == 0 and init.startswith("Created %s." % d), (init, init_err)
+    if waiting[1].returncode == 0:
+        assert note.startswith("Saved as #0.") and "kept" in cli(d, "wake").out
+    else:
+        assert note_err.startswith("No memory at %s." % d) and one_line(note_err), note_err
+    if waiting[2].returncode == 0:  # on the store the other init made
+        assert wake_err == "" and wake.endswith("You are awake.\n"), (wake, wake_err)
+    else:
+        assert wake_err.startswith("No memory at %s." % d) and one_line(wake_err), wake_err
+
+
+def test_an_init_that_gives_up_leaves_nothing(tmp_path, monkeypatch):
+    """Regression (attack): init that gave up waiting for the lock (Busy),
+    or failed to take it, left the directories it had made; one that
+    could not remove what it made said `Nothing was left behind`."""
+    import errno
+
+    def busy(wait, fd, exclusive):
+        raise memo.Busy()
+    monkeypatch.setattr(memo, "lock_directory", busy)
+    code, out, err = _init_in_process(tmp_path / "a" / "b" / "m")
+    assert code == 1 and err.startswith("Gave up after") and os.listdir(str(tmp_path)) == []
+    monkeypatch.undo()
+
+    def write_at(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def remove_at(dir_fd, name, directory=False):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(memo, "write_at", write_at)
+    monkeypatch.setattr(memo, "remove_at", remove_at)
+    code, out, err = _init_in_process(tmp_path / "a" / "m")
+    assert code == 1 and one_line(err) and "Nothing was left behind" not in err, err
+    assert "It could not remove what it made: %s; remove it." % (tmp_path / "a") in err, err
 
 
 def test_init_names_a_relative_store_in_full(tmp_path):
