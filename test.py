@@ -3725,7 +3725,7 @@ def test_damage_elsewhere_is_a_warning_after_the_save(tmp_path):
         f.write(bad)
     r = call(d, "note", "a new one")
     assert r.code == 0 and r.out == "Saved as #3.\n" and re.search(r"#0\b", r.err), r
-    assert r.err.startswith("Warning: ")
+    assert r.err.startswith("Warning: ") and "restore it from a backup" in r.err  # (its fix)
     after = log_bytes(d)
     assert after[:len(bad)] == bad and after[3 * LOG:].startswith(b"#3 ")
     s = call(d, "sleep")
@@ -3786,6 +3786,7 @@ FOREIGN_LOGS = {
     "a line of text": "2024-01-01 started the project\n",
     "junk": "junk",
     "one record, not a memory": "#x" + " " * 317 + "\n",
+    "numbered lines": "#0 build started\n#1 build ok\n",  # (attack)
 }
 
 
@@ -3795,10 +3796,10 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
     project's) was taken for a store: init said `Found ...: 2 memories`,
     `note` appended a memory to that file when it held whole 320-byte
     lines, and a wake advised cutting its last bytes with truncate.  Now
-    a LOG.txt whose first and last records are not memories is not a
+    a LOG.txt that neither starts nor ends with memories is not a
     store's: every command refuses the folder in one line and changes
-    nothing in it (a log of memo's damaged at one end still takes notes:
-    test_damage_elsewhere_is_a_warning_after_the_save)."""
+    nothing in it (a log of memo's, however damaged, still is:
+    test_a_damaged_log_is_still_memos)."""
     d = tmp_path / "project"
     d.mkdir()
     (d / "LOG.txt").write_text(FOREIGN_LOGS[case])
@@ -3811,25 +3812,32 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
     assert listing(d) == before and (d / "LOG.txt").read_text() == FOREIGN_LOGS[case]
 
 
-def test_a_log_damaged_at_one_end_is_still_memos(tmp_path):
+# Damage to a log of memo's that leaves it memo's: (how, the log's bytes
+# from the good ones); regression (attack): the first five were refused as
+# not a store's, verify too
+DAMAGED_LOGS = {
+    "#0's header, zeros after": lambda b: b"X" + b[1:] + b"\0" * 2 * LOG,
+    "its first byte lost": lambda b: b[1:],
+    "a byte added before it": lambda b: b"Z" + b,
+    "#0's header, #1's newline lost": lambda b: b"X" + b[1:2 * LOG - 1],
+    "zeros alone": lambda b: b"\0" * len(b),
+    "#0's header": lambda b: b"X" + b[1:],
+    "the last header": lambda b: b[:-LOG] + b"X" + b[-LOG + 1:],
+}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGED_LOGS))
+def test_a_damaged_log_is_still_memos(tmp_path, how):
     """The other side of test_a_log_memo_did_not_write_is_not_a_store: a
-    log of memo's whose first or last memory has a damaged header still
-    takes a note (the damage named); with both damaged it is refused, in
-    words that cover a store of one's own."""
-    for ends in ([0], [2], [0, 2]):
-        d = make_store(tmp_path / ("m%s" % ends), ["event 0", "event 1", "event 2"])
-        data = log_bytes(d)
-        for i in ends:
-            data = _patch(data, i * LOG + 1, b"x")  # `#x 2020-...`
-        write(os.path.join(d, "LOG.txt"), data)
-        r = cli(d, "note", "a new one")
-        if len(ends) == 1:
-            assert r.code == 0 and r.out.startswith("Saved as #3."), (ends, r)
-        else:
-            assert r.code == 1 and "If this is your store, its LOG.txt is damaged" in r.err, r
-            assert log_bytes(d) == data
-
-
+    log of memo's damaged at its start, its end, or shifted by a byte is
+    still a store's: verify names the damage, and a note saves or refuses
+    for the damage itself, never as a folder that is not a store."""
+    d = make_store(tmp_path / "m", ["event 0", "event 1", "event 2"])
+    write(os.path.join(d, "LOG.txt"), DAMAGED_LOGS[how](log_bytes(d)))
+    for args in (("verify",), ("note", "a new one"), ("wake",), ("recall", "event")):
+        r = cli(d, *args)
+        assert "not a memory store" not in r.err and "Traceback" not in r.err, (args, r)
+        assert r.code == 1 or args != ("verify",), r  # it names the damage
 def test_a_lost_log_is_damage_not_an_empty_store(tmp_path):
     """Regression (attack): LOG.txt deleted under a TREE of summaries: wake
     said `No memories yet.`, and the next note became a #0 under summaries
@@ -4725,6 +4733,9 @@ def test_an_init_that_fails_keeps_what_a_note_saved_meanwhile(tmp_path, monkeypa
     monkeypatch.setattr(memo, "sync", sync)
     code, out, err = _init_in_process(d)
     assert code == 1 and err.startswith("Cannot create the store %s: " % d), (out, err)
+    assert "remove" not in err, err  # (attack: it said to remove the store holding #0)
+    if fails_at == "the directory's fsync":  # the LOG.txt init made holds the note
+        assert "Memories another memo saved there meanwhile stay." in err, err
     assert notes[0].code == 0 and notes[0].out.startswith("Saved as #0."), notes
     assert "#0 " in cli(d, "wake").out and "saved meanwhile" in cli(d, "recall", "meanwhile").out
 
@@ -4787,6 +4798,105 @@ def test_an_init_that_gives_up_leaves_nothing(tmp_path, monkeypatch):
     code, out, err = _init_in_process(tmp_path / "a" / "m")
     assert code == 1 and one_line(err) and "Nothing was left behind" not in err, err
     assert "It could not remove what it made: %s; remove it." % (tmp_path / "a") in err, err
+
+
+def test_a_store_moved_while_a_note_waits_on_dot_lock(tmp_path, monkeypatch):
+    """Regression (attack): where directories take no flock (NFS), a note
+    that waited on `.lock` while the store was moved away (and another put
+    in its place) saved into the one moved away.  Now, once it holds
+    `.lock`, it looks again, and saves into the store at its path."""
+    d, other = tmp_path / "m", tmp_path / "other"
+    make_store(d, ["old 0"])
+    make_store(other, ["new 0", "new 1"])
+    monkeypatch.setattr(memo, "lock_directory", lambda wait, fd, exclusive: False)  # NFS
+    real_lock, swapped = memo.Waiter.lock, []
+
+    def lock(self, fd, exclusive):
+        if not swapped:  # while it waits on .lock, the store is moved away
+            swapped.append(os.rename(str(d), str(tmp_path / "m.old")))
+            os.rename(str(other), str(d))
+        real_lock(self, fd, exclusive)
+    monkeypatch.setattr(memo.Waiter, "lock", lock)
+    r = call(d, "note", "goes to the store at its path")
+    assert r.code == 0 and r.out.startswith("Saved as #2."), r
+    assert "#1 " not in log_bytes(str(tmp_path / "m.old")).decode()
+
+
+def test_init_makes_its_parents_again_if_another_init_removes_them(tmp_path, monkeypatch):
+    """Regression (attack): a parent another init had made (this one took
+    it as made) was removed when that init failed; this one then said
+    `.../new is not a directory (a file, or a symbolic link to none)`.  Now
+    it makes the parents again."""
+    import posix
+    real_mkdir, calls = posix.mkdir, []
+
+    def mkdir(path, mode=0o777, *, dir_fd=None):
+        calls.append(path)
+        if len(calls) == 1:  # the other init makes `new`, then fails and removes it
+            real_mkdir(path, mode)
+            real_mkdir(path, mode)  # (FileExistsError: taken as made)
+        if len(calls) == 2:
+            os.rmdir(str(tmp_path / "new"))
+        real_mkdir(path, mode, dir_fd=dir_fd)
+    monkeypatch.setattr(posix, "mkdir", mkdir)
+    code, out, err = _init_in_process(tmp_path / "new" / "m")
+    assert code == 0 and out.startswith("Created %s." % (tmp_path / "new" / "m")), (out, err)
+
+
+@pytest.mark.parametrize("what, kind", [("a directory", "dir"), ("a file", None),
+                                        ("a link to none", None), ("a loop of links", None),
+                                        ("nothing", "missing"), ("a file's child", "missing")])
+def test_in_the_way(tmp_path, what, kind):
+    """in_the_way: init's one look at what is at its path (attack: a
+    directory another init removed between two looks was said to be in
+    the way)."""
+    p = tmp_path / "p"
+    if what == "a directory":
+        p.mkdir()
+    elif what == "a file":
+        p.write_text("x")
+    elif what == "a link to none":
+        os.symlink(str(tmp_path / "none"), str(p))
+    elif what == "a loop of links":
+        os.symlink(str(p), str(p))
+    elif what == "a file's child":
+        (tmp_path / "f").write_text("x")
+        p = tmp_path / "f" / "p"
+    assert memo.in_the_way(str(p)) == (kind is None), what
+
+
+def test_a_loop_of_links_for_a_store_is_no_store(tmp_path):
+    """Regression (attack): MEMORY_DIR, a link swapped for a loop while a
+    command waited, said `Stopped: Too many levels of symbolic links`:
+    there is no store there, and memo says so."""
+    loop = tmp_path / "L"
+    os.symlink(str(loop), str(loop))
+    with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit):
+        memo.Store(str(loop))
+    assert err.getvalue().startswith("No memory at %s." % loop), err.getvalue()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, "SIGTERM"])
+def test_an_init_stopped_leaves_nothing(tmp_path, monkeypatch, stop):
+    """Regression (attack): init stopped (Ctrl-C, SIGTERM) while it made
+    the store left half of one, and its parents."""
+    def write_at(fd, data, offset):
+        raise KeyboardInterrupt() if stop is KeyboardInterrupt else memo.Stopped(signal.SIGTERM)
+    monkeypatch.setattr(memo, "write_at", write_at)
+    with pytest.raises(KeyboardInterrupt if stop is KeyboardInterrupt else memo.Stopped):
+        _init_in_process(tmp_path / "a" / "m")
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_an_init_on_a_failing_disk_says_check_the_disk(tmp_path, monkeypatch):
+    """Regression (attack): EIO's fix was `set MEMORY_DIR to a path you can
+    write`."""
+    def write_at(fd, data, offset):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(memo, "write_at", write_at)
+    code, out, err = _init_in_process(tmp_path / "m")
+    assert code == 1 and err.endswith("Nothing was left behind. Fix: check the disk (dmesg), "
+                                      "or set MEMORY_DIR to another disk.\n"), err
 
 
 def test_init_names_a_relative_store_in_full(tmp_path):
