@@ -3787,6 +3787,10 @@ FOREIGN_LOGS = {
     "junk": "junk",
     "one record, not a memory": "#x" + " " * 317 + "\n",
     "numbered lines": "#0 build started\n#1 build ok\n",  # (attack)
+    # regression (attack): taken for memo's first write, and cut by a note
+    "a line as memo's first write starts": "#0 2024-01-01 initial commit",
+    "dated numbered lines": "#0 2024-01-01 initial commit\n#1 2024-01-02 a fix\n",
+    "empty": "",  # (attack: a project's empty LOG.txt took a note)
 }
 
 
@@ -3803,6 +3807,7 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
     d = tmp_path / "project"
     d.mkdir()
     (d / "LOG.txt").write_text(FOREIGN_LOGS[case])
+    (d / "README.md").write_text("# a project")
     before = listing(d)
     hist = write_history(tmp_path / "h.txt", 3)
     for args, r in list(run_all(d, ALL_COMMANDS, hist).items()) + [(("init",), cli(d, "init"))]:
@@ -3823,6 +3828,8 @@ DAMAGED_LOGS = {
     "zeros alone": lambda b: b"\0" * len(b),
     "#0's header": lambda b: b"X" + b[1:],
     "the last header": lambda b: b[:-LOG] + b"X" + b[-LOG + 1:],
+    "one memory, its header": lambda b: b"X" + b[1:LOG],  # (attack: refused)
+    "#0's header, three zero records after": lambda b: b"X" + b[1:] + b"\0" * 3 * LOG,
 }
 
 
@@ -4700,6 +4707,7 @@ def _init_in_process(d):
         code = e.code
     finally:
         del os.environ["MEMORY_DIR"]
+        memo.release_signals(deliver=False)  # as main does, however a command ends
     return code, out.getvalue(), err.getvalue()
 
 
@@ -4707,17 +4715,22 @@ def _init_in_process(d):
 def test_an_init_that_fails_keeps_what_a_note_saved_meanwhile(tmp_path, monkeypatch, fails_at):
     """Regression (attack): where directories take no flock (NFS), a note
     saved while an init was making the store, and the init, failing after
-    (a full disk, EIO), removed the LOG.txt holding it.  Now what another
-    made is taken as made, LOG.txt comes last, and a LOG.txt holding
-    anything is never removed."""
+    (a full disk, EIO), removed the LOG.txt holding it; checking first
+    that LOG.txt was empty was not enough (a note could write between).
+    Now init holds `.lock` there, as every writer does: the note waits,
+    then saves into the store init left, and nothing is lost."""
     import errno
     d = tmp_path / "m"
+    d.mkdir(mode=0o700)
     monkeypatch.setattr(memo, "lock_directory", lambda wait, fd, exclusive: False)  # NFS
     real_write, real_sync = memo.write_at, memo.sync
     notes = []
 
     def note_then_fail(e):
-        notes.append(cli(d, "note", "saved meanwhile"))
+        notes.append(subprocess.Popen([MEMO, "note", "saved meanwhile"], env=env_for(d),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        time.sleep(0.3)
+        assert notes[0].poll() is None, "the note waits for init's .lock"
         raise OSError(e, os.strerror(e))
 
     def write_at(fd, data, offset):
@@ -4733,11 +4746,10 @@ def test_an_init_that_fails_keeps_what_a_note_saved_meanwhile(tmp_path, monkeypa
     monkeypatch.setattr(memo, "sync", sync)
     code, out, err = _init_in_process(d)
     assert code == 1 and err.startswith("Cannot create the store %s: " % d), (out, err)
-    assert "remove" not in err, err  # (attack: it said to remove the store holding #0)
-    if fails_at == "the directory's fsync":  # the LOG.txt init made holds the note
-        assert "Memories another memo saved there meanwhile stay." in err, err
-    assert notes[0].code == 0 and notes[0].out.startswith("Saved as #0."), notes
-    assert "#0 " in cli(d, "wake").out and "saved meanwhile" in cli(d, "recall", "meanwhile").out
+    assert err.rstrip().endswith(".") and "Nothing was left behind." in err, err
+    out, note_err = notes[0].communicate(timeout=30)
+    assert notes[0].returncode == 0 and out.startswith("Saved as #0."), (out, note_err)
+    assert "saved meanwhile" in cli(d, "recall", "meanwhile").out
 
 
 def test_a_store_removed_while_commands_wait_is_looked_for_again(tmp_path, monkeypatch):
@@ -4863,6 +4875,73 @@ def test_in_the_way(tmp_path, what, kind):
         (tmp_path / "f").write_text("x")
         p = tmp_path / "f" / "p"
     assert memo.in_the_way(str(p)) == (kind is None), what
+
+
+def test_in_the_way_asks_again_for_a_directory_made_meanwhile(tmp_path, monkeypatch):
+    """Regression (attack): a directory another init made between init's
+    two looks (stat: nothing; lstat: something) was said to be in the way
+    (`exists and is not a directory`)."""
+    import posix
+    p, real_stat = tmp_path / "p", posix.stat
+
+    def stat_(path, *args, **kwargs):
+        if not p.exists():
+            p.mkdir()  # the other init's
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        return real_stat(path, *args, **kwargs)
+    monkeypatch.setattr(posix, "stat", stat_)
+    assert not memo.in_the_way(str(p))
+
+
+def test_init_looks_again_when_another_removes_the_store_it_makes(tmp_path, monkeypatch):
+    """Regression (attack): where directories take no flock (NFS), an init
+    whose new directory another init removed (failing) said `No such file
+    or directory (TREE)`, with a fix that did not fit.  Now it makes the
+    directory again, and the store."""
+    d = tmp_path / "new" / "m"
+    monkeypatch.setattr(memo, "lock_directory", lambda wait, fd, exclusive: False)  # NFS
+    real, removed = memo.make_dir_at, []
+
+    def make_dir_at(dir_fd, name):
+        if not removed:  # the other init undoes what it made: the store's directory
+            removed.append(os.remove(str(d / ".lock")))
+            os.rmdir(str(d))
+        real(dir_fd, name)
+    monkeypatch.setattr(memo, "make_dir_at", make_dir_at)
+    code, out, err = _init_in_process(d)
+    assert code == 0 and out.startswith("Created %s." % d), (out, err)
+    assert sorted(os.listdir(str(d))) == [".lock", "LOG.txt", "TREE", "config"]
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_init_stopped_while_making_directories_leaves_none(tmp_path, monkeypatch, at):
+    """Regression (attack): Ctrl-C while init made the store's directories
+    left those it had made."""
+    import posix
+    real, calls = posix.mkdir, []
+
+    def mkdir(path, mode=0o777, *, dir_fd=None):
+        calls.append(path)
+        if len(calls) == at + 1:
+            raise KeyboardInterrupt()
+        real(path, mode, dir_fd=dir_fd)
+    monkeypatch.setattr(posix, "mkdir", mkdir)
+    with pytest.raises(KeyboardInterrupt):
+        _init_in_process(tmp_path / "a" / "b" / "m")
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_init_that_cannot_make_a_directory_gives_a_fix(tmp_path, monkeypatch):
+    """Regression (attack): EIO making a parent ended `Nothing was left
+    behind.` with no fix."""
+    import posix
+
+    def mkdir(path, mode=0o777, *, dir_fd=None):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(posix, "mkdir", mkdir)
+    code, out, err = _init_in_process(tmp_path / "a" / "m")
+    assert code == 1 and err.endswith("Nothing was left behind. Fix: check the disk (dmesg), "
+                                      "or set MEMORY_DIR to another disk.\n"), err
 
 
 def test_a_loop_of_links_for_a_store_is_no_store(tmp_path):
