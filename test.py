@@ -307,10 +307,14 @@ def pay_all(d):
 
 @pytest.fixture(autouse=True)
 def default_sizes():
-    """Every test starts from the tool's default sizes."""
+    """Every test starts from the tool's default sizes, and ends with the
+    signals a command in this process held (hold_signals) let go, as main
+    lets them go: else every process the tests start after inherits them
+    blocked, and ignores SIGTERM and Ctrl-C."""
     memo.__dict__.update(DEFAULT_SIZES)
     yield
     memo.__dict__.update(DEFAULT_SIZES)
+    memo.release_signals(deliver=False)
 
 
 @pytest.fixture
@@ -2555,6 +2559,30 @@ def test_recall_regex_analysis_never_raises_fuzz(tmp_path):
     assert time.monotonic() - start < (60 if SLOW else 6)
 
 
+@pytest.mark.parametrize("pattern, text", [
+    ("$HOME", "\\$HOME"), ("f(x)", "f\\(x\\)"), ("a^b", "a\\^b"),
+    ("^#7 ", "^#7 "), ("done$", "done$"), ("[$^(]x", "[$^(]x"), ("x\\$y", "x\\$y"),
+    ("plain", "plain"),
+])
+def test_as_text(pattern, text):
+    """as_text: the regex characters a text typed into a pattern means
+    literally, escaped ($ and ^ inside it, parentheses); anchors where
+    they anchor, sets and escapes as they are."""
+    assert memo.as_text(pattern) == text
+
+
+def test_recall_that_finds_nothing_says_how_to_find_the_text(tmp_path):
+    """Regression (agent trial): `memo recall '$HOME'` said `No match.` of a
+    store whose memory holds $HOME, and the agent took it for absent.  Now
+    a note on stderr gives the pattern that finds the text."""
+    d = make_store(tmp_path / "m", ["uses $HOME and f(x) in config"])
+    r = call(d, "recall", "$HOME")
+    assert r.out == "No match.\n" and r.err.endswith("memo recall '\\$HOME'\n"), r
+    assert call(d, "recall", "\\$HOME").out.endswith("1 match.\n")
+    assert call(d, "recall", "f(x)").err.endswith("memo recall 'f\\(x\\)'\n")
+    assert call(d, "recall", "absent").err == ""
+
+
 @pytest.mark.parametrize("pattern", ["(", "[", "a{3,1}", "(?<=a+)b", r"\p{L}", "(?L)a", "*",
                                      "a{99999999999}", "(" * 2000 + ")" * 2000, "(?P<n>a)(?P<n>b)",
                                      r"\N{NO SUCH NAME}", "(?(2)a|b)"],
@@ -4647,6 +4675,21 @@ def test_init_refuses_a_folder_of_other_files(tmp_path):
     assert sorted(os.listdir(str(d))) == [".git", "LOG.txt", "TREE", "config"]
 
 
+def _init_in_process(d):
+    """memo init on `d`, in this process: ``(exit code, stdout, stderr)``."""
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    os.environ["MEMORY_DIR"] = str(d)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            memo.command(memo.COMMAND["init"].function)(str(d), [])
+    except SystemExit as e:
+        code = e.code
+    finally:
+        del os.environ["MEMORY_DIR"]
+        memo.release_signals(deliver=False)  # as main does, however a command ends
+    return code, out.getvalue(), err.getvalue()
+
+
 def test_init_racing_another_init_makes_one_whole_store(tmp_path, monkeypatch):
     """Regression (attack): two inits at once on one new store: the loser
     said `... is not a directory`, or removed the parent it had made.
@@ -4661,10 +4704,8 @@ def test_init_racing_another_init_makes_one_whole_store(tmp_path, monkeypatch):
         real_mkdir(path, mode, dir_fd=dir_fd)
     monkeypatch.setattr(posix, "mkdir", mkdir)
     d = tmp_path / "new" / "m"
-    monkeypatch.setenv("MEMORY_DIR", str(d))
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        memo.command(memo.COMMAND["init"].function)(str(d), [])
-    assert out.getvalue().startswith("Created %s." % d)
+    code, out, err = _init_in_process(d)
+    assert code == 0 and out.startswith("Created %s." % d), (out, err)
     assert sorted(os.listdir(str(d))) == ["LOG.txt", "TREE", "config"]
 
 
@@ -4678,7 +4719,6 @@ def test_init_makes_the_store_under_the_lock(tmp_path, monkeypatch):
     import errno
     d = tmp_path / "m"
     d.mkdir()
-    monkeypatch.setenv("MEMORY_DIR", str(d))
     other = []
 
     def write_at(fd, data, offset):
@@ -4688,29 +4728,12 @@ def test_init_makes_the_store_under_the_lock(tmp_path, monkeypatch):
         assert other[0].poll() is None and sorted(os.listdir(str(d))) == ["TREE", "config"]
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(memo, "write_at", write_at)
-    with contextlib.redirect_stderr(io.StringIO()) as err:
-        with pytest.raises(SystemExit):
-            memo.command(memo.COMMAND["init"].function)(str(d), [])
-    assert err.getvalue().startswith("Cannot create the store %s: No space left" % d)
+    code, out, err = _init_in_process(d)
+    assert code == 1 and err.startswith("Cannot create the store %s: No space left" % d), err
     out, errors = other[0].communicate(timeout=30)
     assert other[0].returncode == 0 and out.startswith("Created %s." % d), (out, errors)
     assert sorted(os.listdir(str(d))) == ["LOG.txt", "TREE", "config"]
     assert cli(d, "note", "kept").code == 0 and cli(d, "wake").out.count("kept") == 1
-
-
-def _init_in_process(d):
-    """memo init on `d`, in this process: ``(exit code, stdout, stderr)``."""
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    os.environ["MEMORY_DIR"] = str(d)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            memo.command(memo.COMMAND["init"].function)(str(d), [])
-    except SystemExit as e:
-        code = e.code
-    finally:
-        del os.environ["MEMORY_DIR"]
-        memo.release_signals(deliver=False)  # as main does, however a command ends
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize("fails_at", ["the config write", "the directory's fsync"])
@@ -5700,8 +5723,9 @@ def test_forget_costs_the_block_and_its_ancestors_nothing_more(tmp_path):
     r = call(d, "forget", "0-1")
     assert r.code == 0 and r.out == (
         "Forgot 0-1 and the 4 summaries built on it. You will re-write 0-1, 0-3, 0-7, "
-        "0-15, 0-31: 5 summaries.\n29 later summaries were kept aside; memo puts them "
-        "back as you sleep.\nRun: memo sleep\n"), r
+        "0-15, 0-31: 5 summaries.\n29 later summaries on their levels were kept aside, "
+        "unchanged: memo puts them back as you sleep, and you do not write them "
+        "again.\nRun: memo sleep\n"), r
     assert sorted(os.listdir(os.path.join(d, "TREE"))) == ["16", "2", "32", "4", "8"]
     assert os.listdir(os.path.join(d, ".stash"))
     assert memo.pending_count(d, 36) == 5
