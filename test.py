@@ -3819,6 +3819,10 @@ FOREIGN_LOGS = {
     "a line as memo's first write starts": "#0 2024-01-01 initial commit",
     "dated numbered lines": "#0 2024-01-01 initial commit\n#1 2024-01-02 a fix\n",
     "empty": "",  # (attack: a project's empty LOG.txt took a note)
+    # (attack: a header within 160 bytes of its place was taken for memo's)
+    "numbered lines near 320 bytes": "".join(
+        ("#%d 2024-01-0%d entry" % (i, i + 1)).ljust(n - 1, "x") + "\n"
+        for i, n in enumerate((200, 240, 200))),
 }
 
 
@@ -3847,6 +3851,29 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
     assert listing(d) == before and (d / "LOG.txt").read_text() == FOREIGN_LOGS[case]
 
 
+@pytest.mark.parametrize("mark", ["config", "TREE", "LOG.txt and config"])
+def test_a_project_holding_a_file_named_as_memos_is_not_a_store(tmp_path, mark):
+    """Regression (attack): a project folder holding a `config` (or a TREE
+    directory, or an empty LOG.txt beside a config) was taken for a store:
+    a note wrote LOG.txt and .lock there.  memo's files count only alone,
+    or beside what version control leaves, unless memo's lock or log is
+    there."""
+    d = tmp_path / "project"
+    (d / "src").mkdir(parents=True)
+    (d / "README.md").write_text("# a project")
+    if mark == "TREE":
+        (d / "TREE").mkdir()
+    else:
+        (d / "config").write_text("# settings\n")
+    if mark.startswith("LOG.txt"):
+        (d / "LOG.txt").write_text("")
+    before = listing(d)
+    for args in (("note", "x"), ("wake",), ("import", str(write_history(tmp_path / "h", 2)))):
+        r = cli(d, *args)
+        assert r.code == 1 and r.err.startswith("%s is not a memory store" % d), (args, r)
+    assert listing(d) == before
+
+
 # Damage to a log of memo's that leaves it memo's: (how, the log's bytes
 # from the good ones); regression (attack): the first five were refused as
 # not a store's, verify too
@@ -3859,6 +3886,8 @@ DAMAGED_LOGS = {
     "#0's header": lambda b: b"X" + b[1:],
     "the last header": lambda b: b[:-LOG] + b"X" + b[-LOG + 1:],
     "one memory, its header": lambda b: b"X" + b[1:LOG],  # (attack: refused)
+    "two memories, #0's newline": lambda b: b[:LOG - 1] + b"x" + b[LOG:2 * LOG],
+    "one memory, a byte added": lambda b: b[:100] + b"Z" + b[100:LOG],
     "#0's header, three zero records after": lambda b: b"X" + b[1:] + b"\0" * 3 * LOG,
 }
 
