@@ -3904,6 +3904,30 @@ def test_a_damaged_log_is_still_memos(tmp_path, how):
         r = call(d, *args)
         assert "not a memory store" not in r.err, (args, r)
         assert r.code == 1 or args != ("verify",), r  # it names the damage
+@pytest.mark.parametrize("how", ["emptied", "zero bytes alone", "its end zeroed"])
+def test_zeroed_memories_under_summaries_are_damage_not_debris(tmp_path, how):
+    """Regression (attack): a LOG.txt emptied or zeroed (whole, or its last
+    records) under summaries was taken for an empty store, or for a power
+    cut's unfinished write: the next note cut the zeros and dropped every
+    summary built on them, the last trace of those memories.  A summary is
+    written only once its memories are fsync'ed: zeros it covers are
+    damage, named, and no writer goes on."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(16)], tree=paid_tree(16))
+    data = log_bytes(d)
+    write(os.path.join(d, "LOG.txt"), {"emptied": b"", "zero bytes alone": b"\0" * len(data),
+                                       "its end zeroed": data[:8 * LOG] + b"\0" * 8 * LOG}[how])
+    before = store_bytes(d)
+    r = cli(d, "note", "x")
+    assert r.code == 1 and one_line(r.err) and "restore LOG.txt from a backup" in r.err, r
+    assert {k: v for k, v in store_bytes(d).items() if k != ".lock"} == before
+    v = cli(d, "verify")
+    assert v.code == 1 and "Fix: restore LOG.txt from a backup" in v.out, v
+    assert "memo sleep drops them" not in v.out, v
+    if how != "its end zeroed":
+        w = cli(d, "wake")
+        assert w.code == 1 and "yet TREE holds summaries" in w.err, w
+
+
 def test_a_lost_log_is_damage_not_an_empty_store(tmp_path):
     """Regression (attack): LOG.txt deleted under a TREE of summaries: wake
     said `No memories yet.`, and the next note became a #0 under summaries
