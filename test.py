@@ -5009,6 +5009,80 @@ def test_init_stopped_while_making_directories_leaves_none(tmp_path, monkeypatch
     assert os.listdir(str(tmp_path)) == []
 
 
+@pytest.mark.parametrize("where", ["a directory", "TREE"])
+def test_init_stopped_as_a_mkdir_returns_leaves_none(tmp_path, monkeypatch, where):
+    """Regression (attack): a signal that came as a mkdir returned, before
+    init had noted it made that directory, left it behind."""
+    import posix
+    real_mkdir = posix.mkdir
+
+    def mkdir(path, mode=0o777, *, dir_fd=None):
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        if (dir_fd is not None) == (where == "TREE"):
+            raise KeyboardInterrupt()
+    monkeypatch.setattr(posix, "mkdir", mkdir)
+    with pytest.raises(KeyboardInterrupt):
+        _init_in_process(tmp_path / "a" / "m")
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_init_that_says_what_it_left_leaves_it(tmp_path, monkeypatch):
+    """Regression (attack): init named as left behind a directory it could
+    not remove, then removed it after all (a second try on the way out)."""
+    import posix
+    real_rmdir, fails = posix.rmdir, []
+
+    def rmdir(path, *, dir_fd=None):
+        if not fails and dir_fd is None:  # the store's directory, once
+            fails.append(path)
+            raise OSError(errno.EIO, "Input/output error")
+        real_rmdir(path, dir_fd=dir_fd)
+
+    def write_at(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(posix, "rmdir", rmdir)
+    monkeypatch.setattr(memo, "write_at", write_at)
+    code, out, err = _init_in_process(tmp_path / "m")
+    assert code == 1 and "It could not remove what it made: %s; remove it." % fails[0] in err
+    assert os.path.isdir(fails[0]), err
+
+
+def test_init_on_nfs_takes_dot_lock_another_made_meanwhile(tmp_path, monkeypatch):
+    """Regression (attack): where directories take no flock (NFS), a note
+    that made `.lock` as init went to make it failed init with `File
+    exists (.lock)`.  Now init takes the one that is there."""
+    monkeypatch.setattr(memo, "lock_directory", lambda wait, fd, exclusive: False)  # NFS
+    real = memo.create_at
+
+    def create_at(dir_fd, name):
+        if name == memo.LOCK_NAME:
+            os.close(real(dir_fd, name))  # the note's
+        return real(dir_fd, name)
+    monkeypatch.setattr(memo, "create_at", create_at)
+    code, out, err = _init_in_process(tmp_path / "m")
+    assert code == 0 and out.startswith("Created "), (out, err)
+
+
+def test_a_reader_on_nfs_looks_again_when_the_store_moved(tmp_path, monkeypatch):
+    """Regression (attack): where directories take no flock (NFS), a reader
+    in a store with no `.lock` did not look again once the store had moved
+    away (a failing init's undo): wake said `No memories yet` of the old
+    one.  Now it reads the store at its path."""
+    d = tmp_path / "m"
+    make_store(d, [])
+    monkeypatch.setattr(memo, "lock_directory", lambda wait, fd, exclusive: False)  # NFS
+    real, moved = memo.open_at, []
+
+    def open_at(dir_fd, name, write=False, directory=False):
+        if name == memo.LOCK_NAME and not moved:
+            moved.append(os.rename(str(d), str(tmp_path / "old")))
+            make_store(d, ["the store at its path"])
+        return real(dir_fd, name, write=write, directory=directory)
+    monkeypatch.setattr(memo, "open_at", open_at)
+    r = call(d, "wake")
+    assert r.code == 0 and "the store at its path" in r.out, r
+
+
 def test_init_that_cannot_make_a_directory_gives_a_fix(tmp_path, monkeypatch):
     """Regression (attack): EIO making a parent ended `Nothing was left
     behind.` with no fix."""
