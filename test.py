@@ -2581,6 +2581,9 @@ def test_recall_that_finds_nothing_says_how_to_find_the_text(tmp_path):
     assert call(d, "recall", "\\$HOME").out.endswith("1 match.\n")
     assert call(d, "recall", "f(x)").err.endswith("memo recall 'f\\(x\\)'\n")
     assert call(d, "recall", "absent").err == ""
+    # a pattern that starts with a dash keeps its `--`; --all says it too (attack)
+    assert call(d, "recall", "--", "-$5").err.endswith("memo recall -- '-\\$5'\n")
+    assert call(d, "recall", "--all", "$x").err.endswith("memo recall '\\$x'\n")
 
 
 @pytest.mark.parametrize("pattern", ["(", "[", "a{3,1}", "(?<=a+)b", r"\p{L}", "(?L)a", "*",
@@ -3356,7 +3359,8 @@ def test_a_journal_memo_did_not_write_is_never_acted_on(tmp_path):
         assert "No memories yet." not in w.out and ".journal" in w.err, (junk, w)
         assert "#9 " in w.out or "Cannot wake" in w.out, w
         v = call(d, "verify")
-        assert v.code == 1 and "mv " in v.out and ".journal.old" in v.out, v
+        # out of the store, not beside .journal (attack: `mv m/.journal m/.journal.old`)
+        assert v.code == 1 and "mv %s/.journal %s-journal.old" % (d, d) in v.out, v
         r = call(d, "note", "x")
         assert r.code == 1 and ".journal" in r.err and one_line(r.err), r
         assert log_bytes(d) == data
@@ -3851,7 +3855,8 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
     assert listing(d) == before and (d / "LOG.txt").read_text() == FOREIGN_LOGS[case]
 
 
-@pytest.mark.parametrize("mark", ["config", "TREE", "LOG.txt and config"])
+@pytest.mark.parametrize("mark", ["config", "TREE", "LOG.txt and config", "config alone",
+                                  "TREE of notes alone"])
 def test_a_project_holding_a_file_named_as_memos_is_not_a_store(tmp_path, mark):
     """Regression (attack): a project folder holding a `config` (or a TREE
     directory, or an empty LOG.txt beside a config) was taken for a store:
@@ -3859,12 +3864,16 @@ def test_a_project_holding_a_file_named_as_memos_is_not_a_store(tmp_path, mark):
     or beside what version control leaves, unless memo's lock or log is
     there."""
     d = tmp_path / "project"
-    (d / "src").mkdir(parents=True)
-    (d / "README.md").write_text("# a project")
-    if mark == "TREE":
+    d.mkdir()
+    if not mark.endswith("alone"):
+        (d / "src").mkdir()
+        (d / "README.md").write_text("# a project")
+    if mark.startswith("TREE"):
         (d / "TREE").mkdir()
-    else:
-        (d / "config").write_text("# settings\n")
+        if mark == "TREE of notes alone":  # (attack: a note wrote LOG.txt beside it)
+            (d / "TREE" / "notes.md").write_text("a")
+    else:  # (attack: `config` alone, a ~/.ssh, took a note; wake asked to edit it)
+        (d / "config").write_text("port = 80\n" if mark == "config alone" else "# settings\n")
     if mark.startswith("LOG.txt"):
         (d / "LOG.txt").write_text("")
     before = listing(d)
@@ -3872,6 +3881,44 @@ def test_a_project_holding_a_file_named_as_memos_is_not_a_store(tmp_path, mark):
         r = cli(d, *args)
         assert r.code == 1 and r.err.startswith("%s is not a memory store" % d), (args, r)
     assert listing(d) == before
+
+
+@pytest.mark.parametrize("found", [".git", ".DS_Store"])
+def test_a_directory_of_what_version_control_leaves_is_an_empty_store(tmp_path, found):
+    """Regression (attack): a directory holding only `.git` (a new repo for
+    the store) or a Mac's `.DS_Store` was refused as `not a memory store`,
+    though init takes it: it is as empty as `mktemp -d` gives."""
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / ".git").mkdir() if found == ".git" else (d / found).write_text("")
+    r = cli(d, "note", "first")
+    assert r.code == 0 and r.out.startswith("Saved as #0."), r
+
+
+def test_summaries_of_memories_gone_are_named_when_dropped(tmp_path):
+    """Regression (attack): a LOG.txt restored from an older backup (one
+    memory, where TREE/2 held 0-1): wake named nothing and the next note
+    dropped the summary without a word (README: Guarantees: ignored,
+    named, then trimmed)."""
+    d = make_store(tmp_path / "m", ["event 0", "event 1"], tree={2: ["the two"]})
+    os.truncate(os.path.join(d, "LOG.txt"), LOG)
+    w = cli(d, "wake")
+    assert w.code == 0 and "TREE/2 holds 1 summaries of memories LOG.txt no longer has" in w.err
+    r = cli(d, "note", "after the restore")
+    assert r.code == 0 and "dropped 1 summary of memories LOG.txt no longer has" in r.err, r
+
+
+def test_a_line_added_after_the_log_is_cut_not_a_shift(tmp_path):
+    """Regression (attack): a newline (or a line) added by hand after the
+    last memory was said to come from a byte lost or added in a record
+    before it, with no way but a backup; and "1 bytes".  Now it is junk
+    after whole records, and truncate is the fix."""
+    d = make_store(tmp_path / "m", ["event 0", "event 1"])
+    with open(os.path.join(d, "LOG.txt"), "ab") as f:
+        f.write(b"\n")
+    v = cli(d, "verify")
+    assert "LOG.txt ends in 1 byte after #1 " in v.out and "truncate -s %d" % (2 * LOG) in v.out
+    assert "went missing" not in v.out, v
 
 
 # Damage to a log of memo's that leaves it memo's: (how, the log's bytes
