@@ -3856,7 +3856,7 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
 
 
 @pytest.mark.parametrize("mark", ["config", "TREE", "LOG.txt and config", "config alone",
-                                  "TREE of notes alone"])
+                                  "TREE of notes alone", "memo's config alone"])
 def test_a_project_holding_a_file_named_as_memos_is_not_a_store(tmp_path, mark):
     """Regression (attack): a project folder holding a `config` (or a TREE
     directory, or an empty LOG.txt beside a config) was taken for a store:
@@ -3873,13 +3873,15 @@ def test_a_project_holding_a_file_named_as_memos_is_not_a_store(tmp_path, mark):
         if mark == "TREE of notes alone":  # (attack: a note wrote LOG.txt beside it)
             (d / "TREE" / "notes.md").write_text("a")
     else:  # (attack: `config` alone, a ~/.ssh, took a note; wake asked to edit it)
-        (d / "config").write_text("port = 80\n" if mark == "config alone" else "# settings\n")
+        (d / "config").write_text({"config alone": "port = 80\n", "memo's config alone":
+                                   "WAKE_LINES = 100\n"}.get(mark, "# settings\n"))
     if mark.startswith("LOG.txt"):
         (d / "LOG.txt").write_text("")
     before = listing(d)
     for args in (("note", "x"), ("wake",), ("import", str(write_history(tmp_path / "h", 2)))):
         r = cli(d, *args)
         assert r.code == 1 and r.err.startswith("%s is not a memory store" % d), (args, r)
+        assert one_line(r.err) and "()" not in r.err, r
     assert listing(d) == before
 
 
