@@ -2561,13 +2561,15 @@ def test_recall_regex_analysis_never_raises_fuzz(tmp_path):
 
 @pytest.mark.parametrize("pattern, text", [
     ("$HOME", "\\$HOME"), ("f(x)", "f\\(x\\)"), ("a^b", "a\\^b"),
-    ("^#7 ", "^#7 "), ("done$", "done$"), ("[$^(]x", "[$^(]x"), ("x\\$y", "x\\$y"),
+    ("^#7 ", "^#7 "), ("costs 5$", "costs 5\\$"), ("[$^(]x", "[$^(]x"), ("x\\$y", "x\\$y"),
     ("plain", "plain"),
+    # a (? group is a regex's: its parentheses stay (attack: `(?i)` escaped)
+    ("(?i)$home", "(?i)\\$home"), ("(?<=call )f(x)", "(?<=call )f(x)"),
 ])
 def test_as_text(pattern, text):
     """as_text: the regex characters a text typed into a pattern means
-    literally, escaped ($ and ^ inside it, parentheses); anchors where
-    they anchor, sets and escapes as they are."""
+    literally, escaped ($, ^ inside it, parentheses but in a pattern with
+    a `(?` group); a first ^, sets and escapes as they are."""
     assert memo.as_text(pattern) == text
 
 
@@ -3921,6 +3923,52 @@ def test_a_line_added_after_the_log_is_cut_not_a_shift(tmp_path):
     v = cli(d, "verify")
     assert "LOG.txt ends in 1 byte after #1 " in v.out and "truncate -s %d" % (2 * LOG) in v.out
     assert "went missing" not in v.out, v
+
+
+@pytest.mark.parametrize("lost", ["#2's `#`", "#2's id", "two bytes of #2's padding"])
+def test_a_byte_lost_from_the_last_memory_is_never_cut(tmp_path, lost):
+    """Regression (attack): a byte deleted from the last memory left 319
+    bytes after #1 that the fix said to cut (`truncate -s 640`), losing the
+    memory; a byte of its text deleted was called a lost newline.  Only
+    restoring the log is offered for a tail that holds a memory's date."""
+    d = make_store(tmp_path / "m", ["a", "b", "c"])
+    data = log_bytes(d)
+    cut = {"#2's `#`": (2 * LOG, 1), "#2's id": (2 * LOG + 1, 1),
+           "two bytes of #2's padding": (2 * LOG + 260, 2)}[lost]
+    write(os.path.join(d, "LOG.txt"), data[:cut[0]] + data[cut[0] + cut[1]:])
+    v = cli(d, "verify")
+    assert "restore LOG.txt from a backup" in v.out and "truncate" not in v.out, v
+    assert "lost its newline" not in v.out, v
+
+
+def test_stash_summaries_of_memories_gone_are_named_when_dropped(tmp_path):
+    """Regression (attack): a LOG.txt cut shorter dropped the summaries
+    `forget` had kept aside for memories it no longer has, without a word
+    (trim's warning counted TREE's alone)."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(40)], tree=paid_tree(40))
+    assert call(d, "forget", "8-9").code == 0
+
+    def held():  # summaries in TREE and in the stash
+        return sum(os.path.getsize(os.path.join(base, name)) // TREE
+                   for base in (os.path.join(d, "TREE"), os.path.join(d, ".stash"))
+                   if os.path.isdir(base) for name in os.listdir(base))
+    before = held()
+    assert os.listdir(os.path.join(d, ".stash"))
+    os.truncate(os.path.join(d, "LOG.txt"), 9 * LOG)
+    r = call(d, "note", "after the cut")
+    assert r.code == 0 and "dropped %d summaries of memories LOG.txt no longer has" % (
+        before - held()) in r.err, (before, held(), r)
+
+
+def test_memos_half_written_file_makes_a_store(tmp_path):
+    """Regression (attack): a directory holding `.git` and a `.LOG.new`
+    memo left (a run that died) was refused as holding none of memo's
+    files, though init takes it; the next note removes the debris."""
+    d = tmp_path / "m"
+    (d / ".git").mkdir(parents=True)
+    (d / ".LOG.new").write_bytes(b"")
+    r = cli(d, "note", "first")
+    assert r.code == 0 and r.out.startswith("Saved as #0."), r
 
 
 # Damage to a log of memo's that leaves it memo's: (how, the log's bytes
