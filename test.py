@@ -3925,7 +3925,8 @@ def test_a_line_added_after_the_log_is_cut_not_a_shift(tmp_path):
     assert "went missing" not in v.out, v
 
 
-@pytest.mark.parametrize("lost", ["#2's `#`", "#2's id", "two bytes of #2's padding"])
+@pytest.mark.parametrize("lost", ["#2's `#`", "#2's id", "two bytes of #2's padding",
+                                  "a digit of #2's date"])
 def test_a_byte_lost_from_the_last_memory_is_never_cut(tmp_path, lost):
     """Regression (attack): a byte deleted from the last memory left 319
     bytes after #1 that the fix said to cut (`truncate -s 640`), losing the
@@ -3934,7 +3935,8 @@ def test_a_byte_lost_from_the_last_memory_is_never_cut(tmp_path, lost):
     d = make_store(tmp_path / "m", ["a", "b", "c"])
     data = log_bytes(d)
     cut = {"#2's `#`": (2 * LOG, 1), "#2's id": (2 * LOG + 1, 1),
-           "two bytes of #2's padding": (2 * LOG + 260, 2)}[lost]
+           "two bytes of #2's padding": (2 * LOG + 260, 2),
+           "a digit of #2's date": (2 * LOG + 4, 1)}[lost]  # (attack: then truncate)
     write(os.path.join(d, "LOG.txt"), data[:cut[0]] + data[cut[0] + cut[1]:])
     v = cli(d, "verify")
     assert "restore LOG.txt from a backup" in v.out and "truncate" not in v.out, v
