@@ -2563,13 +2563,15 @@ def test_recall_regex_analysis_never_raises_fuzz(tmp_path):
     ("$HOME", "\\$HOME"), ("f(x)", "f\\(x\\)"), ("a^b", "a\\^b"),
     ("^#7 ", "^#7 "), ("costs 5$", "costs 5\\$"), ("[$^(]x", "[$^(]x"), ("x\\$y", "x\\$y"),
     ("plain", "plain"),
-    # a (? group is a regex's: its parentheses stay (attack: `(?i)` escaped)
-    ("(?i)$home", "(?i)\\$home"), ("(?<=call )f(x)", "(?<=call )f(x)"),
+    # a (? group is a regex's: its parentheses stay (attack: `(?i)` escaped),
+    # and a ^ after a group or a | is an anchor
+    ("(?i)$home", "(?i)\\$home"), ("(?<=call )f\\(x\\)", "(?<=call )f\\(x\\)"),
+    ("(?i)f(x)", "(?i)f\\(x\\)"), ("(?i)^#7 ", "(?i)^#7 "), ("(^a|^b)", "\\(^a|^b\\)"),
 ])
 def test_as_text(pattern, text):
     """as_text: the regex characters a text typed into a pattern means
-    literally, escaped ($, ^ inside it, parentheses but in a pattern with
-    a `(?` group); a first ^, sets and escapes as they are."""
+    literally, escaped ($, ^ after text, parentheses but a `(?` group's);
+    anchors, sets and escapes as they are."""
     assert memo.as_text(pattern) == text
 
 
