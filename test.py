@@ -649,12 +649,12 @@ def test_nfd_text_near_the_limit_passes_every_door(tmp_path):
 LIMITS = [  # (typed, None if accepted, else memo's reason: a contract)
     pytest.param("e\u0301" * 140, None, id="nfd-420-bytes-nfc-280"),
     pytest.param("\u1112\u1161\u11ab" * 31, None, id="hangul-jamo-279-bytes-nfc-93"),
-    pytest.param("a" * 300, "Too long: 300 bytes, limit 280.", id="ascii-300"),
-    pytest.param("a" * 281, "Too long: 281 bytes, limit 280.", id="ascii-281"),
-    pytest.param("e\u0301" * 150, "Too long: 300 bytes, limit 280.",
+    pytest.param("a" * 300, "Too long: 300 bytes, limit 280. Shorten it, or note it as two memories.", id="ascii-300"),
+    pytest.param("a" * 281, "Too long: 281 bytes, limit 280. Shorten it, or note it as two memories.", id="ascii-281"),
+    pytest.param("e\u0301" * 150, "Too long: 300 bytes, limit 280. Shorten it, or note it as two memories.",
                  id="nfd-450-counted-as-nfc-300"),
     # U+0958 is excluded from composition: NFC doubles it (3 bytes to 6)
-    pytest.param("\u0958" * 90, "Too long: 540 bytes, limit 280.", id="nfc-grows-270-to-540"),
+    pytest.param("\u0958" * 90, "Too long: 540 bytes, limit 280. Shorten it, or note it as two memories.", id="nfc-grows-270-to-540"),
 ]
 
 
@@ -1170,6 +1170,15 @@ SECRET_CASES = [  # (text before it, the credential, text after, the kind memo n
                  id="anthropic"),
     pytest.param("maps ", "AIza" + mix(35, "Sy0Bx1Cw2Dv3Eu4Ft5Gs6Hr7Iq8Jp9Ko-L_n"), "",
                  "Google API key", id="google"),
+    # regression (agent trial): a .env line's key was saved
+    pytest.param("flask .env: SECRET_KEY=", mix(48, "8f3a9c2e7b1d4f6a0c5e"), "",
+                 "key or token assigned", id="assigned-hex-key"),
+    pytest.param('config {"api_key": "', mix(32, "Zf3D0LXCM3EIMbgJpUNnk"), '"}',
+                 "key or token assigned", id="assigned-json-key"),
+    pytest.param("DB_PASSWORD='", mix(20, "x9Kp2mQ7vL4nR8tW"), "' in prod",
+                 "key or token assigned", id="assigned-password"),
+    pytest.param("auth token: ", "123e4567-e89b-12d3-a456-426614174000", "",
+                 "key or token assigned", id="assigned-uuid-token"),
 ]
 
 
@@ -1268,6 +1277,17 @@ NEAR_MISSES = [
     # regression (attack): with emoji taken out, capitals glued to them
     # read as an AWS key id
     pytest.param("ASIA\u2b50\ufe0fPACIFICCHAMPIONS \U0001F3C6 final tonight", id="emoji-glued"),
+    # a name that says key, token or password, given a value that is not
+    # random: words, a version, a date, code, a placeholder
+    pytest.param("The session token: refreshed_every_24_hours by the proxy.",
+                 id="assigned-words-and-digits"),
+    pytest.param("api_key: stored_in_vault_v2, never in the repo.", id="assigned-words-v2"),
+    pytest.param("Set SECRET_KEY=os.environ['SECRET_KEY'] in config.py.", id="assigned-code"),
+    pytest.param("Release signing key: v1.2.3-build.4567 notes.", id="assigned-version"),
+    pytest.param("Token expires: 2024-03-15T10:00:00Z, renewed nightly.", id="assigned-date"),
+    pytest.param("Key decision: settings.DATABASE_URL_PRODUCTION wins.", id="assigned-dotted-name"),
+    pytest.param("tokenizer: bert-base-multilingual-cased-v2 for search.", id="assigned-model-name"),
+    pytest.param("PASSWORD=" + "0" * 16 + "1a2b3c in the example.", id="assigned-low-entropy"),
 ]
 
 
