@@ -4257,6 +4257,21 @@ def test_a_covers_reads_answer_as_one_block_at_a_time(tmp_path, redacting):
             assert lines == (None if None in shown else shown), (T, budget)
 
 
+def test_memory_rows_reads_a_long_run_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """Regression (attack): memories in a row were read in one read
+    however many (a vast WAKE_LINES): memory grew with them, and past 2 GB
+    a read comes back short, which would read as damage."""
+    d = _redacting_store(str(tmp_path / "m"), 40, None)
+    with memo.Store(d) as st:
+        want = [(i,) + st.memory(i) for i in range(40)]
+        monkeypatch.setattr(memo, "CHUNK_RECORDS", 3)
+        sizes, pread = [], memo.posix.pread
+        monkeypatch.setattr(memo.posix, "pread",
+                            lambda fd, n, at: sizes.append(n) or pread(fd, n, at))
+        assert list(st.memory_rows(list(range(40)))) == want
+    assert sizes and max(sizes) == 3 * LOG, sizes
+
+
 SUMMARY_RECORDS = ["a plain summary", "  leading spaces", "caf\u00e9 na\u00efve \u2014 \U0001f600",
                    "x" * 280, "tab\tinside", "trailing tab\t"]
 
