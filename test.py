@@ -1173,11 +1173,11 @@ SECRET_CASES = [  # (text before it, the credential, text after, the kind memo n
     # regression (agent trial): a .env line's key was saved
     pytest.param("flask .env: SECRET_KEY=", mix(48, "8f3a9c2e7b1d4f6a0c5e"), "",
                  "key or token assigned", id="assigned-hex-key"),
-    pytest.param('config {"api_key": "', mix(32, "Zf3D0LXCM3EIMbgJpUNnk"), '"}',
-                 "key or token assigned", id="assigned-json-key"),
-    pytest.param("DB_PASSWORD='", mix(20, "x9Kp2mQ7vL4nR8tW"), "' in prod",
+    pytest.param("export STRIPE_API_KEY=", mix(32, "Zf3D0LXCM3EIMbgJpUNnk"), " # staging",
+                 "key or token assigned", id="assigned-exported-key"),
+    pytest.param("DB_PASSWORD = '", mix(20, "x9Kp2mQ7vL4nR8tW"), "' in prod",
                  "key or token assigned", id="assigned-password"),
-    pytest.param("auth token: ", "123e4567-e89b-12d3-a456-426614174000", "",
+    pytest.param("HEROKU_AUTH_TOKEN=", "123e4567-e89b-12d3-a456-426614174000", "",
                  "key or token assigned", id="assigned-uuid-token"),
 ]
 
@@ -1288,6 +1288,27 @@ NEAR_MISSES = [
     pytest.param("Key decision: settings.DATABASE_URL_PRODUCTION wins.", id="assigned-dotted-name"),
     pytest.param("tokenizer: bert-base-multilingual-cased-v2 for search.", id="assigned-model-name"),
     pytest.param("PASSWORD=" + "0" * 16 + "1a2b3c in the example.", id="assigned-low-entropy"),
+    # regression (attack): where a secret lives, ids, paths, hashes and
+    # public values, named like a secret
+    pytest.param("SECRET_KEY lives in GCP Secret Manager: secret_name=web2-django-k8s-v3",
+                 id="assigned-where-it-lives"),
+    pytest.param("DB_PASSWORD_REF=projects/acme-prod2/secrets/pg15-k8s-v3/versions/latest",
+                 id="assigned-secret-ref"),
+    pytest.param("APNS_AUTH_KEY_PATH=certs/AuthKey_ABC123DEF4.p8", id="assigned-key-path"),
+    pytest.param("secret: db-creds-5m8t2g4fk9 (kustomize hash suffix)", id="assigned-k8s-name"),
+    pytest.param("token_id: 3fa85f64-5717-4562-b3fc-2c963f66afa6 is the deploy token's id",
+                 id="assigned-token-id"),
+    pytest.param("TOKEN_ADDRESS=0xA0b86991c6218b36c1d19D4a2e9Eb0cE3606eB48 is USDC on mainnet",
+                 id="assigned-contract-address"),
+    pytest.param("signingkey = 3AA5C34371567BD2 in ~/.gitconfig, commits are signed",
+                 id="assigned-gpg-key-id"),
+    pytest.param("tokenizer: mistralai/Mixtral-8x7B-Instruct-v0.1", id="assigned-model-path"),
+    pytest.param("pwd=/srv/app/releases/20240501-a1b2c3d when the deploy failed",
+                 id="assigned-working-directory"),
+    pytest.param("PWD=/home/ubuntu/work/repo-ab12cd34ef", id="assigned-shell-pwd"),
+    pytest.param("DB_PASSWORD=/run/secrets/db_password_v2k8s is a file", id="assigned-secret-file"),
+    pytest.param("token-refresh-fix: 3f9a2c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39 on main",
+                 id="assigned-commit"),
 ]
 
 
