@@ -1306,6 +1306,9 @@ NEAR_MISSES = [
     pytest.param("pwd=/srv/app/releases/20240501-a1b2c3d when the deploy failed",
                  id="assigned-working-directory"),
     pytest.param("PWD=/home/ubuntu/work/repo-ab12cd34ef", id="assigned-shell-pwd"),
+    pytest.param("git bisect: last PASS=4f2a9c1e7b3d5a6f8c0e2b4d6f8a0c2e4b6d8f0a, first "
+                 "FAIL=9b1c3d5e7f9a1b3c5d7e9f1a3b5c7d9e1f3a5b7c", id="assigned-bisect-pass"),
+    pytest.param("ci: BYPASS=pre-commit-v3-hook2-cache4 skips the lint gate", id="assigned-bypass"),
     pytest.param("DB_PASSWORD=/run/secrets/db_password_v2k8s is a file", id="assigned-secret-file"),
     pytest.param("token-refresh-fix: 3f9a2c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39 on main",
                  id="assigned-commit"),
