@@ -18,6 +18,7 @@ import errno
 import functools
 import io
 import itertools
+import json
 import os
 import random
 import re
@@ -299,9 +300,9 @@ def pay_all(d):
         assert r.code == 0, r
         if "Nothing left to compress." in r.out:
             return paid
-        block = re.search(r"^Run: memo sleep (\d+-\d+) ", r.out, re.M).group(1)
-        r = call(d, "sleep", block, compress(r.out))
-        assert r.code == 0 and "%s saved." % block in r.out, r
+        order = re.search(r"^Run: memo sleep ((\d+-\d+)@[0-9a-f]{8}) ", r.out, re.M)
+        r = call(d, "sleep", order.group(1), compress(r.out))
+        assert r.code == 0 and "%s saved." % order.group(2) in r.out, r
         paid += 1
 
 
@@ -958,54 +959,46 @@ def test_an_export_from_any_time_zone_imports_in_any_other(tmp_path, tz):
 
 # -- a summary is a summary -----------------------------------------------
 
-NOT_SUMMARIES = [  # (line, a word of the reason)
-    pytest.param("Here is the one-line summary:", "lead-in", id="lead-in"),
-    pytest.param("Summary\uff1a", "lead-in", id="fullwidth-colon"),
-    pytest.param("```", "fence", id="fence"),
-    pytest.param("```text", "fence", id="fence-with-language"),
-    pytest.param("~~~", "fence", id="tilde-fence"),
-    # regression (attack): Markdown around the colon, or a colon look-alike,
-    # or a preamble without a colon was saved as the summary
-    pytest.param("**Summary:**", "lead-in", id="bold-colon"),
-    pytest.param("**Here is the summary:**", "lead-in", id="bold-lead-in"),
-    pytest.param("Summary\ufe55", "lead-in", id="small-colon"),
-    pytest.param("Summary\u2236", "lead-in", id="ratio-colon"),
-    pytest.param("Sure! Here's the one-line summary.", "lead-in", id="preamble"),
-    # regression (second attack): more lead-ins, labels, headings, no words
-    pytest.param("Here is the one-line summary of memories #0-1", "lead-in", id="long-preamble"),
-    pytest.param("Certainly! Below is the summary.", "lead-in", id="below-is"),
-    pytest.param("\"Here is the summary:\"", "lead-in", id="quoted-lead-in"),
-    pytest.param("Summary \u2014", "lead-in", id="dash-lead-in"),
-    pytest.param("## Summary", "heading", id="heading"),
-    pytest.param("Summary", "label", id="label"),
-    pytest.param("N/A", "label", id="n-a"),
-    pytest.param("I'm sorry, but I can't help with that.", "refusal", id="refusal"),
-    pytest.param("***", "no word", id="rule"),
-    pytest.param("I\u2019m sorry, but I can\u2019t help with that.", "refusal",
-                 id="typographic-refusal"),
-    pytest.param("Summary\u2026", "label", id="label-with-ellipsis"),
-    pytest.param("(empty)", "label", id="empty-in-parentheses"),
-    pytest.param("I'm afraid I can't help with that.", "refusal", id="afraid-refusal"),
-    pytest.param("Apologies, but I cannot summarize this.", "refusal", id="apologies-refusal"),
-    pytest.param("Nothing to summarize.", "label", id="nothing-to-summarize"),
-    pytest.param("Summary of memories #0-15", "label", id="summary-of-memories"),
-    pytest.param("\uff35\uff4e\uff44\uff45\uff52\uff53\uff54\uff4f\uff4f\uff44\uff0e", "label",
-                 id="fullwidth-label"),
-    # regression (agent trial): a stand-in that kept the prompt's headers
-    pytest.param("#0-63 2010-04-06..2010-04-16 #0-31 2010-04-06 Initial checkin", "headers",
-                 id="copied-headers"),
+HAND_SUMMARIES = [
+    # What the old rules refused as lead-ins, labels, fences, refusals and
+    # copied headers, a model's or an agent's: by hand each is the agent's
+    # own line to keep (issue 24: certainty comes from memo's text alone)
+    "Here is the one-line summary:", "Summary\uff1a", "```", "```text", "~~~", "**Summary:**",
+    "Sure! Here's the one-line summary.", "Summary \u2014", "## Summary", "Summary", "N/A",
+    "I'm sorry, but I can't help with that.", "***", "(empty)", "Nothing to summarize.",
+    "Summary of memories #0-15", "\uff35\uff4e\uff44\uff45\uff52\uff53\uff54\uff4f\uff4f\uff44\uff0e",
+    "#0-63 2010-04-06..2010-04-16 #0-31 2010-04-06 Initial checkin",
+    # the user's acceptance test: its compressor joins the prompt's lines, headers and all
+    "#0 2020-01-01 memory number 0, a thing that happened #1 2020-01-01 memory number 1",
+    # regressions (issue 24): real commit subjects, and a real block's summary
+    "</tone>", "Docs: say `<your line>` is replaced whole", "Fixed docs; added :+1:",
+    "ok", "以下是摘要：",
 ]
 
 
-@pytest.mark.parametrize("line, why", NOT_SUMMARIES)
-def test_sleep_refuses_a_lead_in_or_fence_by_hand(tmp_path, line, why):
-    """Issue 11 §4: a summary an agent passes by hand that is a code fence
-    or a lead-in (ends with a colon) is refused with the reason; nothing is
-    written."""
+@pytest.mark.parametrize("line", HAND_SUMMARIES)
+def test_sleep_by_hand_keeps_the_agents_line(tmp_path, line):
+    """Issue 24: a summary given by hand is the agent's, whatever it looks
+    like (a lead-in, a label, a fence, memo's line headers): kept verbatim."""
+    d = text_store(tmp_path, ["a", "b"])
+    r = call(d, "sleep", "0-1", line)
+    assert r.code == 0 and "0-1 saved." in r.out, r
+    assert summary_of(d) == line
+
+
+@pytest.mark.parametrize("line", [
+    "Compress memories #0-1 into one line of at most 280 bytes.",
+    "Compress memories #32-63 into one line of at most 280 bytes.",
+    "Keep names, numbers, decisions and outcomes; invent nothing.",
+    'Run: memo sleep 0-1@0c1f2e3d "<your line>"', "Answer with that one line only.",
+    "1 compression remains after this one.", "12 compressions remain after this one."])
+def test_sleep_by_hand_refuses_a_line_of_memos_prompt(tmp_path, line):
+    """Issue 24: a line memo itself printed in a nap's prompt (an agent that
+    pasted the wrong line, `head -1` of the prompt) is refused: nothing saved."""
     d = text_store(tmp_path, ["a", "b"])
     before = store_bytes(d)
     r = call(d, "sleep", "0-1", line)
-    assert r.code == 1 and why in r.err, r
+    assert r.code == 1 and "a line of memo's prompt" in r.err, r
     assert store_bytes(d) == before
 
 
@@ -1030,9 +1023,8 @@ def test_sleep_accepts_summaries_that_only_look_alike(tmp_path, line):
     assert summary_of(d) == line
 
 
-def test_summaries_may_not_lead_in_but_memories_may(tmp_path):
-    """Issue 11 §4 is about summaries: a memory ending with a colon (a
-    heading the agent noted) is still a memory."""
+def test_a_memory_may_end_in_a_colon(tmp_path):
+    """A memory ending with a colon (a heading the agent noted) is a memory."""
     d = text_store(tmp_path)
     assert call(d, "note", "User's rules:").code == 0
     assert records(d) == ["User's rules:"]
@@ -1045,7 +1037,8 @@ def test_summaries_may_not_lead_in_but_memories_may(tmp_path):
 def test_sleep_exec_skips_code_fences(tmp_path, answer):
     """Issue 11 §4: `sleep --exec` saved the first line a model printed,
     so a fenced answer made every summary three backticks.  Fence lines
-    are skipped: the summary is the line inside."""
+    are skipped: the summary is the line inside.  (Memories of one letter:
+    any word they share counts.)"""
     d = text_store(tmp_path, ["a", "b"])
     r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
     assert r.code == 0 and "Paid 1 compression" in r.out, r
@@ -1078,29 +1071,186 @@ def test_sleep_exec_takes_the_answer_out_of_what_models_add(tmp_path, answer):
 def test_sleep_exec_keeps_a_summary_that_names_a_reasoning_tag(tmp_path):
     """Regression (attack): an answer that only mentioned `<think>` was cut
     there (`Stripped`): an unclosed tag is text, not reasoning."""
-    d = text_store(tmp_path, ["a", "b"])
+    d = text_store(tmp_path, ["model output holds <think> blocks", "tests fail"])
     line = "Stripped <think> blocks from model output; tests pass"
     r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s\\n'" % line)
     assert r.code == 0 and summary_of(d) == line, r
 
 
 @pytest.mark.parametrize("answer", ["Here is the one-line summary:\\nA and b.\\n",
-                                    "```\\n```\\n", "\\n\\n",
                                     "**Summary:**\\nA and b.\\n",
                                     "Here is a one-line summary \u2014\\nA and b.\\n",
                                     "Sure! Here is the summary.\\nA and b.\\n",
-                                    "A \\377 b.\\n", "A and\u2028b.\\n",
-                                    "<think>never closed\\nA and b.\\n"],
-                         ids=["lead-in", "only-fences", "blank", "bold-lead-in", "dash-lead-in",
-                              "preamble", "not-utf-8", "line-separator", "open-think"])
-def test_sleep_exec_stops_on_a_lead_in(tmp_path, answer):
-    """Issue 11 §4: an answer whose line is a lead-in (or nothing once
-    fences are gone) stops --exec cleanly: exit 1, a message saying it was
-    refused, nothing saved."""
+                                    "Here is the summary:\\n\\n```\\nA and b.\\n```\\n"],
+                         ids=["lead-in", "bold-lead-in", "dash-lead-in", "preamble",
+                              "lead-in-then-fence"])
+def test_sleep_exec_keeps_the_line_after_a_lead_in(tmp_path, answer):
+    """Regression (issue 24): a model's `Here is the summary:` followed by
+    the summary stopped the run; the lead-in is dropped, the line kept."""
     d = text_store(tmp_path, ["a", "b"])
     r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
-    assert r.code == 1 and "refused" in r.err and "0 compressions saved" in r.err, r
+    assert r.code == 0 and "Paid 1 compression" in r.out, r
+    assert summary_of(d) == "A and b."
+
+
+@pytest.mark.parametrize("answer, why", [
+    ("```\\n```\\n", "holds no line"), ("\\n\\n", "holds no line"),
+    ("A \\377 b.\\n", "not UTF-8"), ("A and\u2028b.\\n", "one line"),
+    ("<think>never closed\\nA and b.\\n", "holds no line"),
+    ("null\\n", "shares no word"), ("undefined\\n", "shares no word"),
+    ("Error: 429 Too Many Requests\\n", "shares no word"),
+    ('{\\"error\\": {\\"type\\": \\"overloaded_error\\"}}\\n', "shares no word"),
+    ("Here is the summary:\\n", "shares no word")],
+    ids=["only-fences", "blank", "not-utf-8", "line-separator", "open-think", "null",
+         "undefined", "http-error", "json-error", "lead-in-alone"])
+def test_sleep_exec_stops_on_an_answer_that_is_no_summary(tmp_path, answer, why):
+    """Issue 24: an answer with no line left, not UTF-8, or sharing no word
+    with the memories it should summarize (an API's error body, `null`)
+    stops --exec cleanly: exit 1, the reason and the answer's first line,
+    nothing saved."""
+    d = text_store(tmp_path, ["deployed the billing service", "rolled back billing"])
+    r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
+    assert r.code == 1 and "refused" in r.err and why in r.err, r
+    assert "0 compressions saved" in r.err and len(r.err.splitlines()) == 1, r
     assert summary_of(d) is None
+
+
+@pytest.mark.parametrize("command", ["cat", "head -1", "sed -n 2p", "tail -1"])
+def test_sleep_exec_never_saves_memos_own_prompt(tmp_path, command):
+    """Regression (issue 24): `--exec cat` (or `head -1`) saved the prompt's
+    first line, `Compress memories #0-1 into one line ...`, as every
+    summary.  A line of memo's own prompt is no summary, whatever words it
+    shares with the memories: the run stops, nothing saved."""
+    d = text_store(tmp_path, ["compress the logs nightly", "keep one line of outcomes"])
+    r = cli(d, "sleep", "--exec", command)
+    assert r.code == 1 and "memo's own prompt" in r.err, r
+    assert summary_of(d) is None
+
+
+@pytest.mark.parametrize("memories, answer", [
+    (["修复了登录错误", "发布了版本"], "修复登录错误并发布"),
+    (["Go 1.22 upgrade", "CI on Go"], "Moved to Go"),
+    (["v2 shipped", "v3 planned"], "Released v2"),
+    (["ссылка на документацию", "обновили зависимости"], "Обновили зависимости"),
+    (["a", "b"], "A and b.")],
+    ids=["chinese", "two-letter-name", "version", "cyrillic-case", "one-letter-memories"])
+def test_sleep_exec_keeps_a_summary_sharing_a_word(tmp_path, memories, answer):
+    """Issue 24: the test of substance refuses only an answer sharing no
+    word with what the prompt showed: a script without spaces, a short
+    name, a version, another case, memories of one letter all pass."""
+    d = text_store(tmp_path, memories)
+    r = cli(d, "sleep", "--exec", "cat >/dev/null; echo '%s'" % answer)
+    assert r.code == 0 and summary_of(d) == answer, r
+
+
+# -- a summary belongs to the memories it was written from (issue 25 §1) ------
+
+def between_args(tmp_path):
+    """For each command of the table, arguments that make it do what it does
+    between a nap's prompt and its save: the rewriting ones rewrite."""
+    return {"init": [], "wake": [], "note": ["a new memory"], "sleep": [], "recall": ["event"],
+            "zoom": ["0-31"], "forget": ["0-15"], "export": [], "verify": [],
+            "import": ["--first", history(tmp_path, "2019-12-31 older 0", "2019-12-31 older 1",
+                                          name="older.txt")],
+            "redact": ["3", "--yes"]}
+
+
+def nap_lines(d, block):
+    with memo.Store(str(d)) as st:
+        return memo.nap_shown(st, block)[0]
+
+
+def pay_until(d, stop):
+    """Pay by hand every nap due before block `stop` (as an agent re-writes
+    what a forget or an import dropped)."""
+    while True:
+        out = call(d, "sleep").out
+        order = re.search(r"^Run: memo sleep ((\d+-\d+)@\w+) ", out, re.M)
+        if not order or order.group(2) == stop:
+            return
+        assert call(d, "sleep", order.group(1), "rebuilt " + order.group(2)).code == 0
+
+
+def test_every_command_has_its_between_arguments(tmp_path):
+    assert set(between_args(tmp_path)) == set(memo.COMMAND)
+
+
+@pytest.mark.parametrize("name", list(memo.COMMAND))
+def test_a_summary_by_hand_is_saved_only_for_what_its_prompt_showed(tmp_path, name):
+    """Regression (issue 25 §1): an agent read a nap's prompt, then another
+    command rewrote the block (a redact: the redacted text went into TREE;
+    an import --first: the old #0-31's summary was filed under the new;
+    a forget and its re-write) and the line was saved.  The order carries a
+    digest of what the prompt showed; a save under a changed block saves
+    nothing, exit 1, and shows the new prompt.  Every command of the table
+    runs in between: those that change nothing never cost the save."""
+    tree = paid_tree(32)
+    del tree[32]
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(32)], tree=tree)
+    order = re.search(r"^Run: memo sleep (0-31@[0-9a-f]{8}) ", call(d, "sleep").out, re.M).group(1)
+    before = nap_lines(d, (0, 32))
+    r = cli(d, name, *between_args(tmp_path)[name])
+    assert r.code == 0, r
+    pay_until(d, "0-31")
+    r = call(d, "sleep", order, "what 0-31 says")
+    if nap_lines(d, (0, 32)) == before:
+        assert r.code == 0 and "0-31 saved." in r.out, r
+        assert summary_of(d, 32) == "what 0-31 says"
+    else:
+        assert r.code == 1 and "changed since that prompt" in r.out, r
+        assert "Run: memo sleep 0-31@" in r.out and order not in r.out, r
+        assert summary_of(d, 32) is None
+
+
+EXEC_BETWEEN = """\
+import json, os, re, subprocess, sys
+prompt = sys.stdin.read()
+cfg = json.load(open(sys.argv[1]))
+n = len(os.listdir(cfg["log"]))
+with open(os.path.join(cfg["log"], str(n)), "w") as f:
+    f.write(prompt)
+if n == 0:
+    subprocess.run([cfg["memo"]] + cfg["args"], stdout=subprocess.DEVNULL, check=True)
+    while True:
+        out = subprocess.run([cfg["memo"], "sleep"], capture_output=True, text=True).stdout
+        m = re.search(r"^Run: memo sleep ((\\d+-\\d+)@\\w+) ", out, re.M)
+        if not m or m.group(2) == "0-31":
+            break
+        subprocess.run([cfg["memo"], "sleep", m.group(1), "rebuilt " + m.group(2)], check=True,
+                       stdout=subprocess.DEVNULL)
+print("sum event rebuilt answer %d" % n)
+"""
+
+
+@pytest.mark.parametrize("name", list(memo.COMMAND))
+def test_sleep_exec_saves_a_summary_only_for_what_its_prompt_showed(tmp_path, name):
+    """Issue 25 §1, for --exec: while its command writes the summary of
+    0-31, another command runs (every command of the table).  Every summary
+    the run saved was written from the prompt its block gives now."""
+    tree = paid_tree(32)
+    del tree[32]
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(32)], tree=tree)
+    log = tmp_path / "prompts"
+    log.mkdir()
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"memo": MEMO, "log": str(log),
+                               "args": [name] + between_args(tmp_path)[name]}))
+    script = tmp_path / "answer.py"
+    script.write_text(EXEC_BETWEEN)
+    r = cli(d, "sleep", "--exec", "%s %s %s" % (sys.executable, script, cfg))
+    assert r.code == 0 and "Nothing left to compress" in r.out, r
+    checked = 0
+    with memo.Store(d) as st:
+        for size in (2, 4, 8, 16, 32):
+            for k in range(st.count() // size):
+                text = st.summary(k * size, (k + 1) * size)
+                m = re.fullmatch(r"sum event rebuilt answer (\d+)", text or "")
+                if m:
+                    block = (k * size, (k + 1) * size)
+                    now = memo.nap_prompt(block, memo.nap_shown(st, block)[0], 0, order=False)
+                    assert (log / m.group(1)).read_text() == now, block
+                    checked += 1
+    assert checked >= 1
 
 
 # -- secrets (issue 13 §1) --------------------------------------------------
@@ -2109,7 +2259,7 @@ def exec_store(path, n=2):
     return make_store(path, ["event %d" % i for i in range(n)])
 
 
-SLOW_COMMAND = "sleep 30; echo x"
+SLOW_COMMAND = "sleep 30; echo event x"
 STOPPING_EXEC = [
     # (id, signal, the command, exit status, what memo says)
     ("SIGTERM", signal.SIGTERM, SLOW_COMMAND, 143, "Stopped by SIGTERM: 0 compressions saved."),
@@ -2206,14 +2356,14 @@ def test_sleep_exec_nothing_escapes(tmp_path, how):
     else:
         with cleaned_up():
             r = cli(d, "sleep", "--exec", "cat >/dev/null; setsid sleep 600 >/dev/null "
-                    "2>&1 </dev/null & sleep 0.3; echo 'a and b'")  # gone from the group
+                    "2>&1 </dev/null & sleep 0.3; echo 'event a and b'")  # gone from the group
             assert r.code == 0 and "Paid 1 compression" in r.out, r
             no_leftovers(wait=2)
 
 
 # A --exec command that answers, then leaves a chain of N processes, each in
 # a session of its own and the parent of the next (argv: N)
-CHAIN = ("import os, sys, time\nsys.stdin.read()\nprint('a and b', flush=True)\n"
+CHAIN = ("import os, sys, time\nsys.stdin.read()\nprint('event a and b', flush=True)\n"
          "for i in range(int(sys.argv[1])):\n    pid = os.fork()\n    if pid:\n"
          "        if i == 0:\n            time.sleep(0.3)\n            os._exit(0)\n"
          "        os.execvp('sleep', ['sleep', '600'])\n    os.setsid()\n"
@@ -2238,7 +2388,7 @@ def test_sleep_exec_spares_what_it_did_not_start(tmp_path):
     memo SIGKILLed it after a nap.  Only what the command started dies."""
     d = exec_store(tmp_path / "m")
     script = ("(sleep 0.3; exec sleep 600) >/dev/null 2>&1 & exec %s sleep --exec "
-              "'cat >/dev/null; sleep 0.6; echo a and b'" % MEMO)
+              "'cat >/dev/null; sleep 0.6; echo event a and b'" % MEMO)
     with cleaned_up():
         r = subprocess.run(["sh", "-c", script], env=env_for(d), capture_output=True,
                            timeout=30)
@@ -2255,7 +2405,7 @@ def test_sleep_exec_goes_on_without_its_watchdog(tmp_path):
     dead watchdog).  Without its watchdog, --exec goes on, unwatched."""
     d = exec_store(tmp_path / "m", 4)
     kill_dog = ("cat >/dev/null; for c in $(cat /proc/$PPID/task/*/children); do "
-                "[ $c != $$ ] && kill -9 $c; done; echo a and b")
+                "[ $c != $$ ] && kill -9 $c; done; echo event a and b")
     r = cli(d, "sleep", "--exec", kill_dog)
     assert r.code == 0 and "Paid 3 compressions" in r.out, r
 
@@ -2270,7 +2420,7 @@ def test_sleep_exec_gives_its_command_no_terminal(tmp_path):
     pid, fd = pty.fork()
     if pid == 0:
         os.execve(MEMO, [MEMO, "sleep", "--timeout", "20", "--exec",
-                         "cat >/dev/null; read x </dev/tty; echo a and b $x"], env_for(d))
+                         "cat >/dev/null; read x </dev/tty; echo event a and b $x"], env_for(d))
     start = time.monotonic()
     out = read_terminal(fd)
     os.waitpid(pid, 0)
@@ -2278,20 +2428,20 @@ def test_sleep_exec_gives_its_command_no_terminal(tmp_path):
 
 
 def test_sleep_exec_reads_until_the_command_exits(tmp_path):
-    """Regression, issue 10 §2: `memo sleep --exec 'echo "a and b";
+    """Regression, issue 10 §2: `memo sleep --exec 'echo "event a and b";
     (sleep 600 &)'` hung 10 minutes: memo read until every holder of the
     command's stdout closed it.  The answer is read until the command
     exits; the nap is paid, memo returns at once and nothing is left."""
     d = exec_store(tmp_path / "m")
     start = time.monotonic()
     with cleaned_up():
-        r = qcli(d, QUICK_GRACE, "sleep", "--exec", 'echo "a and b"; (sleep 600 &)', timeout=10)
+        r = qcli(d, QUICK_GRACE, "sleep", "--exec", 'echo "event a and b"; (sleep 600 &)', timeout=10)
         took = time.monotonic() - start
         no_leftovers(wait=1)
     assert r.code == 0 and "Paid 1 compression " in r.out, r
     assert took < GRACE + 2, took
     with open(os.path.join(d, "TREE", "2"), "rb") as f:
-        assert f.read() == srec("a and b")
+        assert f.read() == srec("event a and b")
 
 
 # Run argv[1:] as a child, having made this process the reaper of its orphans
@@ -2313,7 +2463,7 @@ def test_sleep_exec_waits_for_no_dead_process(tmp_path):
     start = time.monotonic()
     with cleaned_up():
         r = subprocess.run([sys.executable, "-S", "-c", REAPS_NOTHING] + memo_argv(
-            ["sleep", "--exec", 'echo "a and b"; (sleep 600 &)'], [("GRACE_SECONDS", grace)]),
+            ["sleep", "--exec", 'echo "event a and b"; (sleep 600 &)'], [("GRACE_SECONDS", grace)]),
             env=env_for(d), capture_output=True, timeout=20)
         took = time.monotonic() - start
         no_leftovers(wait=1)
@@ -2331,7 +2481,7 @@ def test_sleep_exec_timeout_ends_a_slow_command(tmp_path):
     before = contents(d)
     start = time.monotonic()
     with cleaned_up():
-        r = qcli(d, QUICK_GRACE, "sleep", "--exec", "sleep 30; echo x", "--timeout", "1",
+        r = qcli(d, QUICK_GRACE, "sleep", "--exec", "sleep 30; echo event x", "--timeout", "1",
                  timeout=10)
         took = time.monotonic() - start
         no_leftovers(wait=1)
@@ -2346,12 +2496,12 @@ REFUSED_ANSWERS = [
     ("yes: past 65,536 bytes", "yes", "the command was ended: it printed more than 65536 "
                                       "bytes; a summary is one line", 0),
     ("empty, leaves a child", "(sleep 600 &); echo", "the command's answer was refused: "
-                                                     "Empty", 0),
+                                                     "it holds no line", 0),
     ("a fence, leaves a child", "cat >/dev/null; sleep 600 & echo '```'",
-     "the command's answer was refused: Empty", 0),
+     "the command's answer was refused: it holds no line", 0),
     ("fails, leaves a child", "sleep 600 & exit 3", "the command exited with status 3", 0),
     ("second nap fails", "cat >/dev/null; if [ -e FLAG ]; then exit 3; fi; touch FLAG; "
-                         "echo first", "the command exited with status 3", 1),
+                         "echo first event", "the command exited with status 3", 1),
 ]
 
 
@@ -4489,9 +4639,10 @@ def test_the_nap_prompt_gives_its_order_first(tmp_path):
     sentence.  The order comes first; the alternative after it."""
     d = make_store(tmp_path / "m", ["event 0", "event 1"])
     out = call(d, "sleep").out.splitlines()
-    order = out.index('Run: memo sleep 0-1 "<your line>"')
+    order = next(k for k, line in enumerate(out) if line.startswith("Run: "))
+    assert re.fullmatch(r'Run: memo sleep 0-1@[0-9a-f]{8} "<your line>"', out[order]), out
     assert not any("memo sleep" in line for line in out[:order]), out
-    assert "memo sleep 0-1 - <<'EOF'" in out[order + 1], out
+    assert "memo sleep %s - <<'EOF'" % out[order].split()[3] in out[order + 1], out
 
 
 def test_one_pending_and_the_prompt(store, tmp_path):
@@ -4504,7 +4655,7 @@ def test_one_pending_and_the_prompt(store, tmp_path):
     assert "None" not in r.out
     assert "  #0 2020-01-01 event 0 happened\n  #1 2020-01-01 event 1 happened" in r.out
     assert "2 compressions remain after this one." in r.out
-    assert 'Run: memo sleep 0-1 "<your line>"' in r.out
+    assert re.search(r'^Run: memo sleep 0-1@[0-9a-f]{8} "<your line>"$', r.out, re.M), r
 
 
 def test_big_block_prompt_shows_two_halves(store, tmp_path):
@@ -4514,7 +4665,7 @@ def test_big_block_prompt_shows_two_halves(store, tmp_path):
         if "#0-31 into" in r.out:
             break
         block = re.search(r"Run: memo sleep (\S+) ", r.out).group(1)
-        call(store, "sleep", block, "summary of " + block)
+        call(store, "sleep", block, "summary of " + block.partition("@")[0])
     assert ("\n  #0-15 2020-01-01 summary of 0-15\n  #16-31 2020-01-01 summary of 16-31\n"
             in r.out), r
 
@@ -5712,8 +5863,7 @@ def test_sleep_rejects_non_blocks_before_lookup(store, bid):
 def test_sleep_validates_the_line(store, tmp_path):
     imported(store, tmp_path, 2)
     for line, why in (("x" * 300, "Too long: 300 bytes, limit 280."), ("a\nb", "one line"),
-                      ("Here is the one-line summary:", "lead-in"), ("```", "code fence"),
-                      ("以下是摘要：", "lead-in")):
+                      ("<your line>", "blank"), ("", "Empty")):
         r = call(store, "sleep", "0-1", line)
         assert r.code == 1 and why in r.err, (line, r)
     assert not os.path.exists(os.path.join(store, "TREE", "2")) or \
@@ -5733,8 +5883,8 @@ def test_a_long_line_ending_in_a_colon_is_a_summary_cut_short(store, tmp_path):
 
 
 @pytest.mark.parametrize("text", ["<your line>", "<one line>", " <your line> ",
-                                  "<YOUR LINE>", '"<your line>"', "<your summary>",
-                                  "<your line> webhooks use HMAC-SHA256"])
+                                  "<YOUR LINE>", '"<your line>"', "'<one line>'", "<text>",
+                                  "\u201c<line>\u201d"])
 def test_placeholders_are_refused(store, tmp_path, text):
     """Regression: an agent that ran `Run: memo sleep 2-3 "<your line>"`
     verbatim saved the blank itself as the summary.  The refusal says
@@ -5743,8 +5893,23 @@ def test_placeholders_are_refused(store, tmp_path, text):
     imported(store, tmp_path, 2)
     for args in (["note", text], ["sleep", "0-1", text]):
         r = call(store, *args)
-        assert r.code == 1 and "blank to fill in memo's prompts" in r.err, args
+        assert r.code == 1 and "blank in memo's orders" in r.err, args
     assert memo.pending_count(store, 2) == 1
+
+
+@pytest.mark.parametrize("text", ["<your summary>", "<your line> webhooks use HMAC-SHA256",
+                                  "</tone>", "<br>", 'Renamed the "<your line>" blank',
+                                  "<one line> is what the paste block asks for"])
+def test_a_blank_inside_a_text_or_another_tag_is_the_users(store, tmp_path, text):
+    """Regression (issue 24): `</tone>`, a real commit subject, refused a
+    whole import, and this repository's history one that named `<your
+    line>` in a sentence.  Only a text that is one of memo's blanks, whole,
+    is refused."""
+    imported(store, tmp_path, 2)
+    assert call(store, "import", history(tmp_path, "2020-01-02 " + text)).code == 0
+    assert call(store, "note", text).code == 0
+    assert call(store, "sleep", "0-1", text).code == 0
+    assert records(store)[2:] == [text, text] and summary_of(store) == text
 
 
 def test_agent_slips_get_a_way_out(store, tmp_path):
@@ -5786,7 +5951,7 @@ def test_sleep_exec_pays_everything(store, tmp_path):
     ("exit 3", "exited with status 3"),
     ("cat >/dev/null; echo", "refused"),
     ("cat >/dev/null; printf 'x%.0s' $(seq 300)", "Too long"),
-    ("cat >/dev/null; echo 'Here is the summary:'; echo 'a and b'", "lead-in"),
+    ("cat >/dev/null; echo 'Here is the summary:'; echo null", "shares no word"),
 ])
 def test_sleep_exec_stops_cleanly(store, tmp_path, command, why):
     imported(store, tmp_path, 8)
@@ -5803,7 +5968,7 @@ def test_sleep_exec_stops_cleanly_on_ctrl_c(store, tmp_path):
     # the first nap is paid at once; the second waits, saying so, for Ctrl-C
     first, second = tmp_path / "first", tmp_path / "second"
     command = ("cat >/dev/null; if [ -e {0} ]; then touch {1}; sleep 30 2>/dev/null; fi; "
-               "touch {0}; echo sum".format(first, second))
+               "touch {0}; echo event sum".format(first, second))
     # a shell's background job ignores SIGINT; a terminal's foreground one does not
     p = subprocess.Popen([MEMO, "sleep", "--exec", command],
                          env=env_for(store), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -5831,7 +5996,7 @@ def test_sleep_exec_shows_progress_as_it_goes(store, tmp_path):
     import pty
     imported(store, tmp_path, 8)
     master, slave = pty.openpty()
-    p = subprocess.Popen([MEMO, "sleep", "--exec", "cat >/dev/null; echo sum"],
+    p = subprocess.Popen([MEMO, "sleep", "--exec", "cat >/dev/null; echo event sum"],
                          env=env_for(store), stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
     out, _ = p.communicate(timeout=60)
@@ -5839,11 +6004,11 @@ def test_sleep_exec_shows_progress_as_it_goes(store, tmp_path):
     os.close(master)
     assert p.returncode == 0 and b"Paid 7 compressions" in out
     assert re.search(rb"7/7 compressions, [0-9.]+/s, \d+s left", err), err
-    piped = cli(store, "sleep", "--exec", "cat")
+    piped = cli(store, "sleep", "--exec", "cat >/dev/null; echo event")
     assert piped.err == "" and "Paid 0 compressions" in piped.out
     imported(store, tmp_path, 4, day="2020-01-02")
     assert memo.PROGRESS_SECONDS == 30
-    r = qcli(store, [("PROGRESS_SECONDS", 0)], "sleep", "--exec", "cat >/dev/null; echo sum")
+    r = qcli(store, [("PROGRESS_SECONDS", 0)], "sleep", "--exec", "cat >/dev/null; echo event")
     assert r.code == 0 and r.err.splitlines()[-1].startswith("3/3 compressions, "), r
     assert "\r" not in r.err and len(r.err.splitlines()) == 3, r
 
@@ -5852,7 +6017,7 @@ def test_sleep_exec_asks_its_command_for_the_line_alone(store, tmp_path):
     """Regression (agent trial): the prompt fed to --exec's command held
     `Run: memo sleep 0-1 ...`, which a model that runs tools might run."""
     imported(store, tmp_path, 2)
-    r = cli(store, "sleep", "--exec", "cat > %s; echo sum" % (tmp_path / "prompt"))
+    r = cli(store, "sleep", "--exec", "cat > %s; echo event" % (tmp_path / "prompt"))
     assert r.code == 0, r
     prompt = (tmp_path / "prompt").read_text(encoding="utf-8")
     assert prompt.startswith("Compress memories #0-1 ") and "Run:" not in prompt, prompt
@@ -6095,9 +6260,9 @@ def test_forget_costs_the_block_and_its_ancestors_nothing_more(tmp_path):
         s = call(d, "sleep")
         if "Nothing left" in s.out:
             break
-        block = re.search(r"^Run: memo sleep (\S+) ", s.out, re.M).group(1)
-        asked.append(block)
-        assert call(d, "sleep", block, "again " + block).code == 0
+        order = re.search(r"^Run: memo sleep ((\S+)@\S+) ", s.out, re.M)
+        asked.append(order.group(2))
+        assert call(d, "sleep", order.group(1), "again " + order.group(2)).code == 0
     assert asked == ["0-1", "0-3", "0-7", "0-15", "0-31"]
     after = _tree_files(d)
     for size, name in ((2, "2"), (4, "4"), (8, "8"), (16, "16"), (32, "32")):
@@ -7054,7 +7219,7 @@ def test_forget_racing_sleep_leaves_a_consistent_store(tmp_path):
 
     def sleeper():
         while time.monotonic() < stop:
-            p = run(["sleep", "--exec", "echo racing summary"])
+            p = run(["sleep", "--exec", "echo racing event summary"])
             if p.returncode:
                 problems.append(("sleep --exec failed", p.stderr[-300:]))
 
