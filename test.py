@@ -7558,6 +7558,27 @@ def test_ci_runs_the_readme_test_command():
     assert "trap 'rm -rf \"$v\"' EXIT" in command, "the test line removes its venv"
 
 
+def test_ci_runs_the_seed_suite_where_it_lies_beside_the_clone(tmp_path):
+    """Issue 24: CI runs the user's acceptance test (the seed suite, in the
+    shared folder beside the clone) after README's command, and fails with
+    it; a user's clone, without that folder, skips it."""
+    with open(os.path.join(HERE, ".ci", "run")) as f:
+        run = f.read().split("pytest -q test.py)\n", 1)[1]
+    tools = tmp_path / "shared" / "tools"
+    tools.mkdir(parents=True)
+    (tmp_path / "clone").mkdir()
+    for status in (0, 1):
+        (tools / "seed-suite").write_text("#!/bin/sh\necho '9 passed, %d failed'\nexit %d\n"
+                                          % (status, status))
+        (tools / "seed-suite").chmod(0o755)
+        r = subprocess.run(["bash", "-c", "set -euo pipefail\n" + run], cwd=tmp_path / "clone",
+                           capture_output=True, text=True)
+        assert r.returncode == status and "9 passed, %d failed" % status in r.stdout, r
+    r = subprocess.run(["bash", "-c", "set -euo pipefail\n" + run], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "", r
+
+
 def test_readme_guarantees_name_real_tests():
     named = set(re.findall(r"`(test_\w+)`", readme()))
     assert len(named) > 20 and all(name in globals() for name in named), \
