@@ -4409,7 +4409,7 @@ def check_wake(d, T, newest):
     """Every part fits every harness, orders the next, and the last says awake."""
     lines, k = [], 1
     while True:
-        r = call(d, "wake", str(k), str(T)) if k > 1 else call(d, "wake")
+        r = call(d, *order(r.out)) if k > 1 else call(d, "wake")
         assert r.code == 0, r
         assert len(r.out) < 30000 and len(r.out.encode()) <= memo.PART_CHARS
         assert r.out.count("\n") <= min(2000, memo.PART_LINES)
@@ -4418,7 +4418,7 @@ def check_wake(d, T, newest):
         if body[-1] == "You are awake.":
             break
         assert body[0].startswith("Your memory, part %d of " % k)
-        assert body[-1] == "Run: memo wake %d %d" % (k + 1, T)
+        assert re.fullmatch(r"Run: memo wake %d %d [0-9a-f]{8}" % (k + 1, T), body[-1])
         k += 1
     assert len(lines) == min(T, memo.WAKE_LINES)
     assert lines[-1] == "#%d %s" % (T - 1, newest)
@@ -5483,26 +5483,62 @@ def test_wake_reads_what_it_can(store):
     assert r.code == 1 and r.out.startswith("Cannot wake: 1 compression pending."), r
 
 
+def order(out):
+    """The argv of the `Run: memo ...` order in `out`."""
+    return re.search(r"^Run: memo (.*)$", out, re.M).group(1).split()
+
+
 def test_wake_snapshot_is_stable(store, tmp_path):
     """A note and a paid nap between `wake k T` calls change no part's
-    lines (only the last part's live count of pending naps may change)."""
+    lines (only the last part's live count of pending naps may change),
+    and the check part 1's order carries still holds."""
     imported(store, tmp_path, 600)
     pay_all(store)
     memo.PART_CHARS = 6000
     first = call(store, "wake", "1", "600").out
-    second = call(store, "wake", "2", "600").out
-    assert "part 1 of" in first
+    assert "part 1 of" in first and re.search(r"^Run: memo wake 2 600 [0-9a-f]{8}$", first, re.M)
+    second = call(store, *order(first)).out
     call(store, "note", "something new")
     r = call(store, "note", "and another")  # completes block 600-601
     assert "Compress memories #600-601" in r.out
     call(store, "sleep", "600-601", "two new things")
     assert call(store, "wake", "1", "600").out == first
-    assert call(store, "wake", "2", "600").out == second
+    assert call(store, *order(first)).out == second
+    assert call(store, "wake", "2", "600").out == second  # without the check, as before
+
+
+@pytest.mark.parametrize("change", ["import --first", "redact"])
+def test_a_wake_snapshot_that_changed_under_it_says_start_over(store, tmp_path, change):
+    """Regression (issue 25 A): `memo wake k T` parts that spanned an
+    `import --first` (the store's memories move up) showed some memories
+    twice and never the newest, with no word of it; a redact changed a
+    text under the snapshot the same way.  Part 1's order carries a check
+    of every part's lines; a later part whose lines differ says so, with
+    the order to start over, and prints no part."""
+    imported(store, tmp_path, 600)
+    pay_all(store)
+    memo.PART_CHARS = 6000
+    first = call(store, "wake", "1", "600").out
+    nxt = order(first)
+    assert nxt[:3] == ["wake", "2", "600"] and len(nxt) == 4, first
+    if change == "redact":
+        assert call(store, "redact", "599", "--yes").code == 0
+    else:
+        r = call(store, "import", "--first", write_history(tmp_path / "old.txt", 8,
+                                                           day="2019-01-01"))
+        assert r.code == 0, r
+    pay_all(store)
+    r = call(store, *nxt)
+    assert r.code == 1 and r.out == "" and r.err == (
+        "Your memory changed since part 1 was printed (memories renumbered by an import "
+        "--first, or redacted, or a summary rewritten). Start over.\nRun: memo wake\n"), r
+    assert call(store, "wake", "2", "600").code == 0  # no check given: as before
 
 
 @pytest.mark.parametrize("args,why", [
     (["1", "999"], "Start over"), (["9", "10"], "Start over"), (["0"], "whole number"),
-    (["x"], "whole number"), (["1", "2", "3"], "Usage: memo wake")])
+    (["x"], "whole number"), (["1", "2", "3", "4"], "Usage: memo wake"),
+    (["2", "10", "00000000"], "Start over")])
 def test_wake_bad_part_or_T(store, tmp_path, args, why):
     imported(store, tmp_path, 10)
     pay_all(store)
