@@ -930,15 +930,27 @@ def test_note_after_a_memory_from_further_east_takes_its_date(tmp_path):
 
 @pytest.mark.parametrize("date", ["9999-12-31", days_from_latest(1), days_from_latest(400)],
                          ids=["9999", "a day ahead of Kiribati", "next-year"])
-def test_import_refuses_a_date_in_the_future(tmp_path, date):
-    """Issue 11 §3: `import` refused nothing in the future: `9999-12-31
-    future` was imported, every note after it was dated before it, and the
-    store could no longer pass verify or round-trip.  A date after the
-    latest date on Earth is refused, naming the line; nothing is imported."""
+def test_import_takes_a_date_in_the_future_and_names_it(tmp_path, date):
+    """Issue 25 B: `import` refused a date in the future (after the latest
+    date on Earth), so a store a bad clock once dated could not be
+    exported and imported back.  Import takes it, as it is, and warns of
+    it after the save, naming the line; verify names the memory with its
+    mend; and a plain import of today's lines after it is no history that
+    belongs before it (no `import --first` order)."""
     d = text_store(tmp_path, ["kept"])
     r = call(d, "import", history(tmp_path, "%s past" % DAY, "%s future" % date))
-    assert r.code == 1 and "line 2:" in r.err and date in r.err, r
-    assert records(d) == ["kept"]
+    assert r.code == 0 and r.out.startswith("Imported 2 memories, #1 to #2."), r
+    assert r.err.startswith("Warning: ") and one_line(r.err) and "line 2: date %s is in " \
+        "the future" % date in r.err and "memo verify" in r.err, r
+    assert records(d) == ["kept", "past", "future"]
+    assert log_bytes(d)[2 * LOG:].startswith(("#2 %s future" % date).encode())
+    r = call(d, "verify")
+    assert r.code == 1 and r.out.startswith(
+        "Memory #2 is dated %s, in the future (it is %s at most, anywhere on Earth). Fix: "
+        "memo export > memories.txt, correct the date there, and import that file into a "
+        "new store (README: Dates).\n1 problem found" % (date, days_from_latest(0))), r
+    r = call(d, "import", history(tmp_path, "%s today" % memo.today(), name="t.txt"))
+    assert r.code == 0 and records(d)[3:] == ["today"], r
 
 
 @pytest.mark.parametrize("tz", ["<-12>12", "UTC", "<+14>-14"])
@@ -5694,12 +5706,30 @@ def test_stdin_that_is_a_directory_is_no_fatal_error(tmp_path):
     assert records(d) == ["event 0"]
 
 
-def test_a_note_is_never_dated_before_the_newest_memory(tmp_path):
-    """README: Dates.  A memory dated after today (a clock set back, another
-    time zone) dates the next note too: dates never go backwards."""
-    d = make_store(tmp_path / "m", ["from the future"], date="2999-01-01")
-    assert call(d, "note", "now").code == 0
-    assert log_bytes(d)[LOG:].startswith(b"#1 2999-01-01 now ")
+@pytest.mark.parametrize("ahead", ["2999-01-01", days_from_latest(1), days_from_latest(366)],
+                         ids=["2999", "a day ahead of Kiribati", "a year ahead"])
+def test_a_bad_clock_dates_only_its_own_notes(tmp_path, ahead):
+    """Regression (issue 25 B): a note made while the clock was a year
+    ahead dated every later note in the future (a note was dated
+    max(today, newest)), and the export then no longer imported (import
+    refused the future dates).  A newest date in the future (after the
+    latest date on Earth) carries forward no more: the next note is dated
+    today, verify names the bad date alone (no later date as out of
+    order), and what export printed imports byte for byte."""
+    d = make_store(tmp_path / "m", ["under a clock a year ahead"], date=ahead)
+    assert call(d, "note", "the clock is right again").code == 0
+    assert call(d, "note", "and again").code == 0
+    assert log_bytes(d)[LOG:].startswith(("#1 %s the clock" % memo.today()).encode())
+    assert log_bytes(d)[2 * LOG:].startswith(("#2 %s and again" % memo.today()).encode())
+    r = call(d, "verify")
+    assert r.code == 1 and r.out.startswith("Memory #0 is dated %s, in the future" % ahead), r
+    assert "1 problem found" in r.out, r
+    dump = tmp_path / "export.txt"
+    dump.write_bytes(cli(d, "export").raw)
+    again = text_store(tmp_path, name="again")
+    r = cli(again, "import", str(dump))
+    assert r.code == 0 and "line 1: date %s is in the future" % ahead in r.err, r
+    assert log_bytes(again) == log_bytes(d)
 
 
 # ------------------------------------------------------------------------
@@ -6182,7 +6212,6 @@ def test_forget_errors(store, tmp_path, bid, why):
 
 @pytest.mark.parametrize("content,why", [
     (b"2020-01-01 ok\n2020-02-30 impossible\n", "line 2"),
-    (b"2020-01-02 ok\n2020-01-01 earlier\n", "line 2"),
     (b"2020-01-01 ok\n\n2020-01-01 " + b"x" * 281 + b"\n", "line 3"),
     (b"2020-01-01 ok\n2020-01-01\n", "line 2"),
     (b"2020-01-01 ok\n2020-01-01    \n", "line 2"),
@@ -6191,7 +6220,6 @@ def test_forget_errors(store, tmp_path, bid, why):
     (b"2020-1-2 short date\n", "line 1"),
     (b"2020-01-01 a\x1bb\n", "line 1"),
     (b"2020-01-01 a\xe2\x80\xa8b\n", "U+2028"),
-    (b"2020-01-01 ok\n9999-12-31 future\n", "line 2: date 9999-12-31 is in the future"),
     (b"\n\n", "holds no memories"),
 ])
 def test_import_refuses_bad_files_whole(store, tmp_path, content, why):
@@ -6202,6 +6230,19 @@ def test_import_refuses_bad_files_whole(store, tmp_path, content, why):
     r = call(store, "import", str(path))
     assert r.code == 1 and why in r.err, r
     assert log_bytes(store) == before and not os.path.exists(os.path.join(store, ".journal"))
+
+
+def test_import_takes_dates_as_they_are(store, tmp_path):
+    """Regression (issue 25 B): import refused a date earlier than the line
+    before, so an export holding one (real histories have some, and so
+    has a note after a date a bad clock put in the future) did not
+    import.  Import keeps every real date, in the file's order."""
+    path = tmp_path / "h.txt"
+    path.write_bytes(b"2020-01-02 ok\n2020-01-01 earlier\n2020-01-03 later\n")
+    r = call(store, "import", str(path))
+    assert r.code == 0 and r.err == "", r
+    assert call(store, "export").out == path.read_text()
+    assert call(store, "verify").code == 0
 
 
 def test_import_ok_with_bom_crlf_and_blank_lines(store, tmp_path):
