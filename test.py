@@ -6301,9 +6301,46 @@ def test_import_too_long_says_how_to_cut(store, tmp_path, name):
         r = call(store, "import", str(path))
         shown_path = str(path) if " " not in name else "'%s'" % path
     assert r.code == 1 and r.err == (
-        "%s line 2: Too long: 282 bytes, limit 280. Shorten it, or cut every line to fit: "
-        "cut -b1-291 %s | iconv -c -f utf-8 -t utf-8 > clean.txt\n"
+        "%s line 2: Too long: 282 bytes, limit 280. Shorten it, or import every line cut to "
+        "fit: cut -b1-291 %s | iconv -c -f utf-8 -t utf-8 | memo import -\n"
         % ("stdin" if name == "-" else shown_path, shown_path)), r
+
+
+ACCENTED_AND_CJK = ["a" + "é" * 141, "日本語のテキスト" * 13, "ça va, " + "Zürich " * 45,
+                    "短い", "naïve café", "한국어 문장 " * 25]
+
+
+def shell(command, d, cwd):
+    """Run `command` with bash in `cwd`, this memo on PATH, MEMORY_DIR=d."""
+    return subprocess.run(["bash", "-c", command], cwd=str(cwd), capture_output=True,
+                          env=dict(env_for(d), PATH=HERE + os.pathsep + BASE_ENV["PATH"]))
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["import", "import --first"])
+def test_the_too_long_fix_run_as_printed_keeps_its_input(store, tmp_path, first):
+    """Regression (issue 25 C): the fix for a too-long line, `cut -b1-291
+    clean.txt | iconv ... > clean.txt`, run as printed on README's own file
+    name, emptied the file before cut read it.  The fix now writes no
+    file: its cut goes straight into `memo import -` (`--first` kept), and
+    run as printed it imports every line, each cut on a character, accented
+    and CJK text too, and leaves its input as it was."""
+    if first:
+        call(store, "note", "a note the history goes before")
+    clean = tmp_path / "clean.txt"
+    clean.write_text("".join("2020-01-%02d %s\n" % (k + 1, text)
+                             for k, text in enumerate(ACCENTED_AND_CJK)), encoding="utf-8")
+    before = clean.read_bytes()
+    r = cli(store, "import", *(["--first"] if first else []) + ["clean.txt"], cwd=str(tmp_path))
+    assert r.code == 1 and "Too long" in r.err, r
+    fix = r.err.split("every line cut to fit: ", 1)[1].rstrip("\n")
+    assert fix.endswith("| memo import %s-" % ("--first " if first else "")), fix
+    done = shell(fix, store, tmp_path)
+    assert done.returncode == 0 and b"Imported 6 memories" in done.stdout, done
+    assert clean.read_bytes() == before
+    texts = records(store)[:6]
+    for text, full in zip(texts, ACCENTED_AND_CJK):
+        assert text == full if len(full.encode()) <= 280 else (
+            full.startswith(text) and len(text.encode()) >= 277), (text, full)
 
 
 def test_import_stops_at_its_most_memories(store, tmp_path):
@@ -7514,12 +7551,40 @@ def test_readme_history_recipe_cleans_real_history(tmp_path):
     if not os.path.exists(src):
         pytest.skip("no ../shared/data here")
     clean = tmp_path / "clean.txt"
-    recipe = re.search(r"^    (sort -s -k1,1 history.txt .*)$", readme(), re.M).group(1)
+    recipe = readme_recipe(r"\S.* history\.txt .*> clean\.txt")
     subprocess.run(recipe.replace("history.txt", src).replace("clean.txt", str(clean)),
                    shell=True, check=True)
     d = init(tmp_path / "mem")
     r = cli(d, "import", str(clean))
     assert r.code == 0 and "Imported 3806 memories" in r.out, r
+
+
+def readme_recipe(pattern):
+    """The one command line of README that matches `pattern` whole."""
+    found = re.findall(r"^    (%s)$" % pattern, readme(), re.M)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_readme_recipes_keep_accented_and_cjk_text_whole(tmp_path):
+    """Regression (issue 25 C): README's `--exec` stand-in ended in `cut
+    -c1-250`, which GNU cut reads as bytes: on accented or CJK memories it
+    split a character, memo refused the answer as not UTF-8, and the run
+    stopped at the same nap every time.  README's recipes, run as README
+    prints them, import such a history (lines cut on a character) and pay
+    every nap of it with the stand-in."""
+    history = tmp_path / "history.txt"
+    history.write_text("".join("2020-02-%02d %s %d\n" % (k % 28 + 1, text, k) for k, text in
+                               enumerate(ACCENTED_AND_CJK * 6)), encoding="utf-8")
+    d = init(tmp_path / "mem")
+    for command in (readme_recipe(r"\S.* history\.txt .*> clean\.txt"),
+                    readme_recipe(r"memo import clean\.txt")):
+        r = shell(command, d, tmp_path)
+        assert r.returncode == 0, (command, r)
+    assert len(records(d)) == 36
+    r = shell(readme_recipe(r"memo sleep --exec \"sed .*\""), d, tmp_path)
+    assert r.returncode == 0 and b"Nothing left to compress." in r.stdout + r.stderr, r
+    assert call(d, "verify").out == "OK: 36 memories, 34 summaries, 0 compressions pending.\n"
 
 
 def _outputs(tmp_path):
