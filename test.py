@@ -4430,7 +4430,7 @@ def check_wake(d, T, newest):
         if body[-1] == "You are awake.":
             break
         assert body[0].startswith("Your memory, part %d of " % k)
-        assert re.fullmatch(r"Run: memo wake %d %d [0-9a-f]{8}" % (k + 1, T), body[-1])
+        assert re.fullmatch(r"Run: memo wake %d %d [0-9a-f]{16}" % (k + 1, T), body[-1])
         k += 1
     assert len(lines) == min(T, memo.WAKE_LINES)
     assert lines[-1] == "#%d %s" % (T - 1, newest)
@@ -5508,7 +5508,7 @@ def test_wake_snapshot_is_stable(store, tmp_path):
     pay_all(store)
     memo.PART_CHARS = 6000
     first = call(store, "wake", "1", "600").out
-    assert "part 1 of" in first and re.search(r"^Run: memo wake 2 600 [0-9a-f]{8}$", first, re.M)
+    assert "part 1 of" in first and re.search(r"^Run: memo wake 2 600 [0-9a-f]{16}$", first, re.M)
     second = call(store, *order(first)).out
     call(store, "note", "something new")
     r = call(store, "note", "and another")  # completes block 600-601
