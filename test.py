@@ -6401,19 +6401,11 @@ def test_import_into_newer_memories_names_first(store, tmp_path):
 def test_import_first_puts_history_before_the_notes(store, tmp_path):
     """`import --first`: the file's memories go first, every memory there
     keeps its text and date under its new id (said), the summaries are
-    dropped and the naps due said; it refuses a file whose last date is
-    after the store's first memory, writing nothing."""
+    dropped and the naps due said."""
     for text in ("remember the cat", "and the dog", "and the fish"):
         call(store, "note", text)
     pay_all(store)
     notes = log_bytes(store)
-    late = write_history(str(tmp_path / "late.txt"), 2, day=days_from_latest(0))
-    if days_from_latest(0) == time.strftime("%Y-%m-%d"):  # no later date is possible yet
-        late = write_history(str(tmp_path / "late.txt"), 2, day="9999-01-01")
-    r = call(store, "import", "--first", late)
-    assert r.code == 1 and log_bytes(store) == notes, r
-    assert "after your first memory" in r.err or "in the future" in r.err, r
-    assert not os.path.exists(os.path.join(store, ".LOG.new"))
     hist = write_history(str(tmp_path / "h.txt"), 32)
     r = call(store, "import", "--first", hist)
     assert r.code == 0 and r.out.startswith(
@@ -6428,6 +6420,24 @@ def test_import_first_puts_history_before_the_notes(store, tmp_path):
     assert tree_levels(store) == {2: 0}
     assert pay_all(store) == len(blocks.complete(35))
     assert call(store, "verify").code == 0
+
+
+def test_a_history_that_runs_on_past_the_first_note_imports_first(store, tmp_path):
+    """Regression (issue 25 B): a history whose dates run on past the
+    store's first note (commits went on while notes were taken) could not
+    be imported at all: plain import ordered `import --first` (it starts
+    before the newest memory), and `--first` refused it (it ends after the
+    first memory).  `--first` puts it before the notes whatever its dates."""
+    call(store, "note", "the first note")
+    call(store, "note", "the second note")
+    hist = history(tmp_path, "2020-01-01 an old commit", "%s a commit of today" % memo.today(),
+                   "9999-01-01 a commit a bad clock dated")
+    r = call(store, "import", hist)
+    assert r.code == 1 and r.err.endswith("Run: memo import --first %s\n" % hist), r
+    r = call(store, *order(r.err))
+    assert r.code == 0 and r.out.startswith("Imported 3 memories before yours: #0 to #2."), r
+    assert records(store) == ["an old commit", "a commit of today", "a commit a bad clock dated",
+                              "the first note", "the second note"]
 
 
 def test_import_first_into_an_empty_store_is_an_import(store, tmp_path):
