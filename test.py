@@ -5519,14 +5519,15 @@ def test_wake_snapshot_is_stable(store, tmp_path):
     assert call(store, "wake", "2", "600").out == second  # without the check, as before
 
 
-@pytest.mark.parametrize("change", ["import --first", "redact"])
+@pytest.mark.parametrize("change", ["import --first", "redact", "forget"])
 def test_a_wake_snapshot_that_changed_under_it_says_start_over(store, tmp_path, change):
     """Regression (issue 25 A): `memo wake k T` parts that spanned an
     `import --first` (the store's memories move up) showed some memories
     twice and never the newest, with no word of it; a redact changed a
-    text under the snapshot the same way.  Part 1's order carries a check
-    of every part's lines; a later part whose lines differ says so, with
-    the order to start over, and prints no part."""
+    text under the snapshot the same way, and so did a summary forgotten
+    and written again.  Part 1's order carries a check of every part's
+    lines; a later part whose lines differ says so, with the order to
+    start over, and prints no part."""
     imported(store, tmp_path, 600)
     pay_all(store)
     memo.PART_CHARS = 6000
@@ -5535,6 +5536,10 @@ def test_a_wake_snapshot_that_changed_under_it_says_start_over(store, tmp_path, 
     assert nxt[:3] == ["wake", "2", "600"] and len(nxt) == 4, first
     if change == "redact":
         assert call(store, "redact", "599", "--yes").code == 0
+    elif change == "forget":
+        assert first.splitlines()[1].startswith("#0-7 "), first
+        assert call(store, "forget", "0-7").code == 0
+        assert call(store, "sleep", "0-7", "the first eight, told another way").code == 0
     else:
         r = call(store, "import", "--first", write_history(tmp_path / "old.txt", 8,
                                                            day="2019-01-01"))
