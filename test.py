@@ -931,15 +931,27 @@ def test_note_after_a_memory_from_further_east_takes_its_date(tmp_path):
 
 @pytest.mark.parametrize("date", ["9999-12-31", days_from_latest(1), days_from_latest(400)],
                          ids=["9999", "a day ahead of Kiribati", "next-year"])
-def test_import_refuses_a_date_in_the_future(tmp_path, date):
-    """Issue 11 §3: `import` refused nothing in the future: `9999-12-31
-    future` was imported, every note after it was dated before it, and the
-    store could no longer pass verify or round-trip.  A date after the
-    latest date on Earth is refused, naming the line; nothing is imported."""
+def test_import_takes_a_date_in_the_future_and_names_it(tmp_path, date):
+    """Issue 25 B: `import` refused a date in the future (after the latest
+    date on Earth), so a store a bad clock once dated could not be
+    exported and imported back.  Import takes it, as it is, and warns of
+    it after the save, naming the line; verify names the memory with its
+    mend; and a plain import of today's lines after it is no history that
+    belongs before it (no `import --first` order)."""
     d = text_store(tmp_path, ["kept"])
     r = call(d, "import", history(tmp_path, "%s past" % DAY, "%s future" % date))
-    assert r.code == 1 and "line 2:" in r.err and date in r.err, r
-    assert records(d) == ["kept"]
+    assert r.code == 0 and r.out.startswith("Imported 2 memories, #1 to #2."), r
+    assert r.err.startswith("Warning: ") and one_line(r.err) and "line 2: date %s is in " \
+        "the future" % date in r.err and "memo verify" in r.err, r
+    assert records(d) == ["kept", "past", "future"]
+    assert log_bytes(d)[2 * LOG:].startswith(("#2 %s future" % date).encode())
+    r = call(d, "verify")
+    assert r.code == 1 and r.out.startswith(
+        "Memory #2 is dated %s, in the future (it is %s at most, anywhere on Earth). Fix: "
+        "memo export > memories.txt, correct the date there, and import that file into a "
+        "new store (README: Dates).\n1 problem found" % (date, days_from_latest(0))), r
+    r = call(d, "import", history(tmp_path, "%s today" % memo.today(), name="t.txt"))
+    assert r.code == 0 and records(d)[3:] == ["today"], r
 
 
 @pytest.mark.parametrize("tz", ["<-12>12", "UTC", "<+14>-14"])
@@ -4559,7 +4571,7 @@ def check_wake(d, T, newest):
     """Every part fits every harness, orders the next, and the last says awake."""
     lines, k = [], 1
     while True:
-        r = call(d, "wake", str(k), str(T)) if k > 1 else call(d, "wake")
+        r = call(d, *order(r.out)) if k > 1 else call(d, "wake")
         assert r.code == 0, r
         assert len(r.out) < 30000 and len(r.out.encode()) <= memo.PART_CHARS
         assert r.out.count("\n") <= min(2000, memo.PART_LINES)
@@ -4568,7 +4580,7 @@ def check_wake(d, T, newest):
         if body[-1] == "You are awake.":
             break
         assert body[0].startswith("Your memory, part %d of " % k)
-        assert body[-1] == "Run: memo wake %d %d" % (k + 1, T)
+        assert re.fullmatch(r"Run: memo wake %d %d [0-9a-f]{16}" % (k + 1, T), body[-1])
         k += 1
     assert len(lines) == min(T, memo.WAKE_LINES)
     assert lines[-1] == "#%d %s" % (T - 1, newest)
@@ -5634,26 +5646,67 @@ def test_wake_reads_what_it_can(store):
     assert r.code == 1 and r.out.startswith("Cannot wake: 1 compression pending."), r
 
 
+def order(out):
+    """The argv of the `Run: memo ...` order in `out`."""
+    return re.search(r"^Run: memo (.*)$", out, re.M).group(1).split()
+
+
 def test_wake_snapshot_is_stable(store, tmp_path):
     """A note and a paid nap between `wake k T` calls change no part's
-    lines (only the last part's live count of pending naps may change)."""
+    lines (only the last part's live count of pending naps may change),
+    and the check part 1's order carries still holds."""
     imported(store, tmp_path, 600)
     pay_all(store)
     memo.PART_CHARS = 6000
     first = call(store, "wake", "1", "600").out
-    second = call(store, "wake", "2", "600").out
-    assert "part 1 of" in first
+    assert "part 1 of" in first and re.search(r"^Run: memo wake 2 600 [0-9a-f]{16}$", first, re.M)
+    second = call(store, *order(first)).out
     call(store, "note", "something new")
     r = call(store, "note", "and another")  # completes block 600-601
     assert "Compress memories #600-601" in r.out
     call(store, "sleep", "600-601", "two new things")
     assert call(store, "wake", "1", "600").out == first
-    assert call(store, "wake", "2", "600").out == second
+    assert call(store, *order(first)).out == second
+    assert call(store, "wake", "2", "600").out == second  # without the check, as before
+
+
+@pytest.mark.parametrize("change", ["import --first", "redact", "forget"])
+def test_a_wake_snapshot_that_changed_under_it_says_start_over(store, tmp_path, change):
+    """Regression (issue 25 A): `memo wake k T` parts that spanned an
+    `import --first` (the store's memories move up) showed some memories
+    twice and never the newest, with no word of it; a redact changed a
+    text under the snapshot the same way, and so did a summary forgotten
+    and written again.  Part 1's order carries a check of every part's
+    lines; a later part whose lines differ says so, with the order to
+    start over, and prints no part."""
+    imported(store, tmp_path, 600)
+    pay_all(store)
+    memo.PART_CHARS = 6000
+    first = call(store, "wake", "1", "600").out
+    nxt = order(first)
+    assert nxt[:3] == ["wake", "2", "600"] and len(nxt) == 4, first
+    if change == "redact":
+        assert call(store, "redact", "599", "--yes").code == 0
+    elif change == "forget":
+        assert first.splitlines()[1].startswith("#0-7 "), first
+        assert call(store, "forget", "0-7").code == 0
+        assert call(store, "sleep", "0-7", "the first eight, told another way").code == 0
+    else:
+        r = call(store, "import", "--first", write_history(tmp_path / "old.txt", 8,
+                                                           day="2019-01-01"))
+        assert r.code == 0, r
+    pay_all(store)
+    r = call(store, *nxt)
+    assert r.code == 1 and r.out == "" and r.err == (
+        "Your memory changed since part 1 was printed (memories renumbered by an import "
+        "--first, or redacted, or a summary rewritten). Start over.\nRun: memo wake\n"), r
+    assert call(store, "wake", "2", "600").code == 0  # no check given: as before
 
 
 @pytest.mark.parametrize("args,why", [
     (["1", "999"], "Start over"), (["9", "10"], "Start over"), (["0"], "whole number"),
-    (["x"], "whole number"), (["1", "2", "3"], "Usage: memo wake")])
+    (["x"], "whole number"), (["1", "2", "3", "4"], "Usage: memo wake"),
+    (["2", "10", "00000000"], "Start over")])
 def test_wake_bad_part_or_T(store, tmp_path, args, why):
     imported(store, tmp_path, 10)
     pay_all(store)
@@ -5809,12 +5862,30 @@ def test_stdin_that_is_a_directory_is_no_fatal_error(tmp_path):
     assert records(d) == ["event 0"]
 
 
-def test_a_note_is_never_dated_before_the_newest_memory(tmp_path):
-    """README: Dates.  A memory dated after today (a clock set back, another
-    time zone) dates the next note too: dates never go backwards."""
-    d = make_store(tmp_path / "m", ["from the future"], date="2999-01-01")
-    assert call(d, "note", "now").code == 0
-    assert log_bytes(d)[LOG:].startswith(b"#1 2999-01-01 now ")
+@pytest.mark.parametrize("ahead", ["2999-01-01", days_from_latest(1), days_from_latest(366)],
+                         ids=["2999", "a day ahead of Kiribati", "a year ahead"])
+def test_a_bad_clock_dates_only_its_own_notes(tmp_path, ahead):
+    """Regression (issue 25 B): a note made while the clock was a year
+    ahead dated every later note in the future (a note was dated
+    max(today, newest)), and the export then no longer imported (import
+    refused the future dates).  A newest date in the future (after the
+    latest date on Earth) carries forward no more: the next note is dated
+    today, verify names the bad date alone (no later date as out of
+    order), and what export printed imports byte for byte."""
+    d = make_store(tmp_path / "m", ["under a clock a year ahead"], date=ahead)
+    assert call(d, "note", "the clock is right again").code == 0
+    assert call(d, "note", "and again").code == 0
+    assert log_bytes(d)[LOG:].startswith(("#1 %s the clock" % memo.today()).encode())
+    assert log_bytes(d)[2 * LOG:].startswith(("#2 %s and again" % memo.today()).encode())
+    r = call(d, "verify")
+    assert r.code == 1 and r.out.startswith("Memory #0 is dated %s, in the future" % ahead), r
+    assert "1 problem found" in r.out, r
+    dump = tmp_path / "export.txt"
+    dump.write_bytes(cli(d, "export").raw)
+    again = text_store(tmp_path, name="again")
+    r = cli(again, "import", str(dump))
+    assert r.code == 0 and "line 1: date %s is in the future" % ahead in r.err, r
+    assert log_bytes(again) == log_bytes(d)
 
 
 # ------------------------------------------------------------------------
@@ -6311,7 +6382,6 @@ def test_forget_errors(store, tmp_path, bid, why):
 
 @pytest.mark.parametrize("content,why", [
     (b"2020-01-01 ok\n2020-02-30 impossible\n", "line 2"),
-    (b"2020-01-02 ok\n2020-01-01 earlier\n", "line 2"),
     (b"2020-01-01 ok\n\n2020-01-01 " + b"x" * 281 + b"\n", "line 3"),
     (b"2020-01-01 ok\n2020-01-01\n", "line 2"),
     (b"2020-01-01 ok\n2020-01-01    \n", "line 2"),
@@ -6320,7 +6390,6 @@ def test_forget_errors(store, tmp_path, bid, why):
     (b"2020-1-2 short date\n", "line 1"),
     (b"2020-01-01 a\x1bb\n", "line 1"),
     (b"2020-01-01 a\xe2\x80\xa8b\n", "U+2028"),
-    (b"2020-01-01 ok\n9999-12-31 future\n", "line 2: date 9999-12-31 is in the future"),
     (b"\n\n", "holds no memories"),
 ])
 def test_import_refuses_bad_files_whole(store, tmp_path, content, why):
@@ -6331,6 +6400,19 @@ def test_import_refuses_bad_files_whole(store, tmp_path, content, why):
     r = call(store, "import", str(path))
     assert r.code == 1 and why in r.err, r
     assert log_bytes(store) == before and not os.path.exists(os.path.join(store, ".journal"))
+
+
+def test_import_takes_dates_as_they_are(store, tmp_path):
+    """Regression (issue 25 B): import refused a date earlier than the line
+    before, so an export holding one (real histories have some, and so
+    has a note after a date a bad clock put in the future) did not
+    import.  Import keeps every real date, in the file's order."""
+    path = tmp_path / "h.txt"
+    path.write_bytes(b"2020-01-02 ok\n2020-01-01 earlier\n2020-01-03 later\n")
+    r = call(store, "import", str(path))
+    assert r.code == 0 and r.err == "", r
+    assert call(store, "export").out == path.read_text()
+    assert call(store, "verify").code == 0
 
 
 def test_import_ok_with_bom_crlf_and_blank_lines(store, tmp_path):
@@ -6389,9 +6471,46 @@ def test_import_too_long_says_how_to_cut(store, tmp_path, name):
         r = call(store, "import", str(path))
         shown_path = str(path) if " " not in name else "'%s'" % path
     assert r.code == 1 and r.err == (
-        "%s line 2: Too long: 282 bytes, limit 280. Shorten it, or cut every line to fit: "
-        "cut -b1-291 %s | iconv -c -f utf-8 -t utf-8 > clean.txt\n"
+        "%s line 2: Too long: 282 bytes, limit 280. Shorten it, or import every line cut to "
+        "fit: cut -b1-291 %s | iconv -c -f utf-8 -t utf-8 | memo import -\n"
         % ("stdin" if name == "-" else shown_path, shown_path)), r
+
+
+ACCENTED_AND_CJK = ["a" + "é" * 141, "日本語のテキスト" * 13, "ça va, " + "Zürich " * 45,
+                    "短い", "naïve café", "한국어 문장 " * 25]
+
+
+def shell(command, d, cwd):
+    """Run `command` with bash in `cwd`, this memo on PATH, MEMORY_DIR=d."""
+    return subprocess.run(["bash", "-c", command], cwd=str(cwd), capture_output=True,
+                          env=dict(env_for(d), PATH=HERE + os.pathsep + BASE_ENV["PATH"]))
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["import", "import --first"])
+def test_the_too_long_fix_run_as_printed_keeps_its_input(store, tmp_path, first):
+    """Regression (issue 25 C): the fix for a too-long line, `cut -b1-291
+    clean.txt | iconv ... > clean.txt`, run as printed on README's own file
+    name, emptied the file before cut read it.  The fix now writes no
+    file: its cut goes straight into `memo import -` (`--first` kept), and
+    run as printed it imports every line, each cut on a character, accented
+    and CJK text too, and leaves its input as it was."""
+    if first:
+        call(store, "note", "a note the history goes before")
+    clean = tmp_path / "clean.txt"
+    clean.write_text("".join("2020-01-%02d %s\n" % (k + 1, text)
+                             for k, text in enumerate(ACCENTED_AND_CJK)), encoding="utf-8")
+    before = clean.read_bytes()
+    r = cli(store, "import", *(["--first"] if first else []) + ["clean.txt"], cwd=str(tmp_path))
+    assert r.code == 1 and "Too long" in r.err, r
+    fix = r.err.split("every line cut to fit: ", 1)[1].rstrip("\n")
+    assert fix.endswith("| memo import %s-" % ("--first " if first else "")), fix
+    done = shell(fix, store, tmp_path)
+    assert done.returncode == 0 and b"Imported 6 memories" in done.stdout, done
+    assert clean.read_bytes() == before
+    texts = records(store)[:6]
+    for text, full in zip(texts, ACCENTED_AND_CJK):
+        assert text == full if len(full.encode()) <= 280 else (
+            full.startswith(text) and len(text.encode()) >= 277), (text, full)
 
 
 def test_import_stops_at_its_most_memories(store, tmp_path):
@@ -6452,19 +6571,11 @@ def test_import_into_newer_memories_names_first(store, tmp_path):
 def test_import_first_puts_history_before_the_notes(store, tmp_path):
     """`import --first`: the file's memories go first, every memory there
     keeps its text and date under its new id (said), the summaries are
-    dropped and the naps due said; it refuses a file whose last date is
-    after the store's first memory, writing nothing."""
+    dropped and the naps due said."""
     for text in ("remember the cat", "and the dog", "and the fish"):
         call(store, "note", text)
     pay_all(store)
     notes = log_bytes(store)
-    late = write_history(str(tmp_path / "late.txt"), 2, day=days_from_latest(0))
-    if days_from_latest(0) == time.strftime("%Y-%m-%d"):  # no later date is possible yet
-        late = write_history(str(tmp_path / "late.txt"), 2, day="9999-01-01")
-    r = call(store, "import", "--first", late)
-    assert r.code == 1 and log_bytes(store) == notes, r
-    assert "after your first memory" in r.err or "in the future" in r.err, r
-    assert not os.path.exists(os.path.join(store, ".LOG.new"))
     hist = write_history(str(tmp_path / "h.txt"), 32)
     r = call(store, "import", "--first", hist)
     assert r.code == 0 and r.out.startswith(
@@ -6479,6 +6590,24 @@ def test_import_first_puts_history_before_the_notes(store, tmp_path):
     assert tree_levels(store) == {2: 0}
     assert pay_all(store) == len(blocks.complete(35))
     assert call(store, "verify").code == 0
+
+
+def test_a_history_that_runs_on_past_the_first_note_imports_first(store, tmp_path):
+    """Regression (issue 25 B): a history whose dates run on past the
+    store's first note (commits went on while notes were taken) could not
+    be imported at all: plain import ordered `import --first` (it starts
+    before the newest memory), and `--first` refused it (it ends after the
+    first memory).  `--first` puts it before the notes whatever its dates."""
+    call(store, "note", "the first note")
+    call(store, "note", "the second note")
+    hist = history(tmp_path, "2020-01-01 an old commit", "%s a commit of today" % memo.today(),
+                   "9999-01-01 a commit a bad clock dated")
+    r = call(store, "import", hist)
+    assert r.code == 1 and r.err.endswith("Run: memo import --first %s\n" % hist), r
+    r = call(store, *order(r.err))
+    assert r.code == 0 and r.out.startswith("Imported 3 memories before yours: #0 to #2."), r
+    assert records(store) == ["an old commit", "a commit of today", "a commit a bad clock dated",
+                              "the first note", "the second note"]
 
 
 def test_import_first_into_an_empty_store_is_an_import(store, tmp_path):
@@ -7623,12 +7752,40 @@ def test_readme_history_recipe_cleans_real_history(tmp_path):
     if not os.path.exists(src):
         pytest.skip("no ../shared/data here")
     clean = tmp_path / "clean.txt"
-    recipe = re.search(r"^    (sort -s -k1,1 history.txt .*)$", readme(), re.M).group(1)
+    recipe = readme_recipe(r"\S.* history\.txt .*> clean\.txt")
     subprocess.run(recipe.replace("history.txt", src).replace("clean.txt", str(clean)),
                    shell=True, check=True)
     d = init(tmp_path / "mem")
     r = cli(d, "import", str(clean))
     assert r.code == 0 and "Imported 3806 memories" in r.out, r
+
+
+def readme_recipe(pattern):
+    """The one command line of README that matches `pattern` whole."""
+    found = re.findall(r"^    (%s)$" % pattern, readme(), re.M)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_readme_recipes_keep_accented_and_cjk_text_whole(tmp_path):
+    """Regression (issue 25 C): README's `--exec` stand-in ended in `cut
+    -c1-250`, which GNU cut reads as bytes: on accented or CJK memories it
+    split a character, memo refused the answer as not UTF-8, and the run
+    stopped at the same nap every time.  README's recipes, run as README
+    prints them, import such a history (lines cut on a character) and pay
+    every nap of it with the stand-in."""
+    history = tmp_path / "history.txt"
+    history.write_text("".join("2020-02-%02d %s %d\n" % (k % 28 + 1, text, k) for k, text in
+                               enumerate(ACCENTED_AND_CJK * 6)), encoding="utf-8")
+    d = init(tmp_path / "mem")
+    for command in (readme_recipe(r"\S.* history\.txt .*> clean\.txt"),
+                    readme_recipe(r"memo import clean\.txt")):
+        r = shell(command, d, tmp_path)
+        assert r.returncode == 0, (command, r)
+    assert len(records(d)) == 36
+    r = shell(readme_recipe(r"memo sleep --exec \"sed .*\""), d, tmp_path)
+    assert r.returncode == 0 and b"Nothing left to compress." in r.stdout + r.stderr, r
+    assert call(d, "verify").out == "OK: 36 memories, 34 summaries, 0 compressions pending.\n"
 
 
 def _outputs(tmp_path):
