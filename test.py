@@ -3155,6 +3155,80 @@ def test_store_reads_are_bounded(tmp_path):
     assert r.code == 1 and ".journal" in r.err and records(d) == ["event 0"], r
 
 
+def big_store(d, T):
+    """A store of T memories with every summary, written directly (a
+    chunk at a time: fast, and this test's own memory stays flat)."""
+    os.makedirs(str(d), mode=0o700)
+    os.mkdir(os.path.join(str(d), "TREE"), 0o700)
+    files = [("LOG.txt", T, lambda i: rec(i, "event %d" % i))]
+    size = 2
+    while size <= T:
+        files.append((os.path.join("TREE", str(size)), T // size,
+                      lambda k, size=size: srec("sum %d-%d" % (k * size, k * size + size - 1))))
+        size *= 2
+    for name, n, record in files:
+        with os.fdopen(os.open(os.path.join(str(d), name), os.O_WRONLY | os.O_CREAT, 0o600),
+                       "wb") as f:
+            for a in range(0, n, 4096):
+                f.write(b"".join(record(i) for i in range(a, min(n, a + 4096))))
+    return str(d)
+
+
+BOUNDED_RUNS = {  # each command of memo's table, as the test below runs them, in order
+    "wake": [["wake"], ["wake", "--max-bytes", "2000"]],
+    "zoom": [["zoom", "0-3"]],
+    "recall": [["recall", "event 7"]],
+    "export": [["export"]],
+    "verify": [["verify"]],
+    "forget": [["forget", "0-1"]],  # TREE/2's later summaries, most of a level, to the stash
+    "sleep": [["sleep"], ["sleep", "0-1", "paid again"],  # the stash put back
+              ["sleep", "--exec", "echo paid by a command"]],
+    "note": [["note", "one more"]],
+    "redact": [["redact", "5", "--yes"]],
+    "import": [["import", "NOW"], ["import", "--first", "HIST"]],
+}
+WHOLE_STORE_RUNS = (["export"], ["verify"], ["import", "--first", "HIST"])  # a second or more
+
+
+def test_every_command_runs_in_bounded_memory(tmp_path):
+    """Regression, issue 25 A: at 2^18 memories `forget 0-1` read TREE/2's
+    later summaries whole (37 MB) to keep them aside, and the stash's
+    put-back read them whole again: under a 40 MB limit `forget` and
+    `sleep 0-1` said `memo: MemoryError:` (the summary saved, the stash not
+    put back), then every note did.  Every command of the table now runs
+    in 36 MB of address space (RLIMIT_AS) at that size (a plain run needs
+    12 to 23 MB; the old forget 49), streaming CHUNK_RECORDS at a time.
+    The runs that read or rewrite the whole store (a second or more each)
+    run under MEMO_SLOW=1, which adds 2^20 memories in the same limit."""
+    assert set(BOUNDED_RUNS) == set(memo.COMMANDS)  # a new command is run here too
+    hist = {"HIST": write_history(tmp_path / "h.txt", 1),
+            "NOW": write_history(tmp_path / "now.txt", 1, day=time.strftime("%Y-%m-%d"))}
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (36 << 20, 36 << 20))
+    for T in (1 << 18,) + ((1 << 20,) if SLOW else ()):
+        d = big_store(tmp_path / ("m%d" % T), T)
+        for argv in (a for runs in BOUNDED_RUNS.values() for a in runs):
+            if SLOW or argv not in WHOLE_STORE_RUNS:
+                r = cli(d, *[hist.get(a, a) for a in argv], preexec_fn=limited, timeout=300)
+                assert r.code == 0 and not r.err, (T, argv, r)
+        first, day = (1 if SLOW else 0), time.strftime("%Y-%m-%d")  # --first put one before
+        with open(os.path.join(d, "LOG.txt"), "rb") as f:
+            assert f.read(LOG * (5 + first))[LOG * first:] == b"".join(
+                rec(i + first, "event %d" % i) for i in range(5))
+            assert f.read(LOG) == rec(5 + first, "[redacted]")
+            f.seek(LOG * (T + first))
+            assert f.read() == rec(T + first, "one more", day) + rec(
+                T + first + 1, "event 0 happened", day)
+        if not SLOW:  # the stash came back (2-3), and went again with the redact (4-5)
+            with open(os.path.join(d, "TREE", "2"), "rb") as f:
+                assert f.read() == srec("paid again") + srec("sum 2-3")
+            assert "4-5" in call(d, "sleep").out
+        if SLOW:
+            assert cli(d, "verify").code == 0
+        shutil.rmtree(d)
+
+
 def _in_read_only_mount(d, argv):
     """Run memo on store `d` with `d` bind-mounted read-only (a mount
     namespace of its own), or skip if this machine cannot."""
@@ -6837,6 +6911,85 @@ def test_crash_at_every_write_step(tmp_path, case):
             assert v.code == 0, (where, v)
             shutil.rmtree(d)
 
+
+
+SAID_SAVED = re.compile(r"^(Saved as|Imported|Forgot|Redacted|\d+-\d+ saved\.)", re.M)
+
+
+@pytest.mark.parametrize("case", CRASH_CASES, ids=list(CRASH_CASES))
+def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path, monkeypatch,
+                                                                        case):
+    """Issue 25 A: a MemoryError is never a traceback nor a half-done
+    write.  At each call that changes the store (SEAM), in turn, memo runs
+    out of memory instead: one line on stderr, and either exit 0 with the
+    save said (what is left, tidying after it, the next write finishes),
+    or exit 1, readers seeing the store as before (then the same command
+    run again saves) or as after (a journal that finishes it, or the
+    change's last fsync: a failed fsync is fatal), never a mix, but for
+    the summaries a forget or a redact drops, level by level (crash-safe:
+    the same command run again drops the rest).  (Bugs it
+    pins: `sleep` that paid a nap, then ran out of memory putting the
+    stash back, said `memo: MemoryError:`, exit 1; a redact that did so
+    syncing its journal left it, and readers showed the memory redacted.)"""
+    c = CRASH_CASES[case]
+    hist = write_history(tmp_path / "h.txt", 10)
+    args = [hist if a == "HIST" else a for a in c["cmd"]]
+    tree = paid_tree(c["before"]) if c.get("tree") == "paid" else c.get("tree")
+    base = make_store(tmp_path / "base", ["event %d" % i for i in range(c["before"])],
+                      tree=tree, date=c.get("date", DAY))
+    if c.get("debris"):
+        with open(os.path.join(base, "LOG.txt"), "ab") as f:
+            f.write(c["debris"])
+    if c.get("forget"):
+        assert call(base, "forget", c["forget"]).code == 0
+
+    def view(d):  # the memories and the summaries built, as readers see them
+        texts = _texts(d)
+        return texts, memo.pending(d, len(texts))
+    old = view(base)
+    probe = str(tmp_path / "probe")
+    shutil.copytree(base, probe)
+    steps = _steps(lambda: call(probe, *args))
+    new = view(probe)
+    for step in range(1, len(steps) + 1):
+        d = str(tmp_path / ("s%d" % step))
+        shutil.copytree(base, d)
+        count = [0]
+
+        def failing(f):
+            def g(*a, **k):
+                count[0] += 1
+                if count[0] == step:
+                    raise MemoryError()
+                return f(*a, **k)
+            return g
+        for name in memo.SEAM:
+            monkeypatch.setattr(memo, name, failing(getattr(memo, name)))
+        monkeypatch.setenv("MEMORY_DIR", d)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                pytest.raises(SystemExit) as e:
+            memo.main(list(args))
+        monkeypatch.undo()
+        r, where = Result(e.value.code, out.getvalue(), err.getvalue()), (case, step)
+        assert one_line(r.err) and "MemoryError" not in r.err, (where, r)
+        if r.code == 0:
+            assert SAID_SAVED.search(r.out), (where, r)
+        else:
+            assert r.code == 1 and not SAID_SAVED.search(r.out), (where, r)
+            assert "ran out of memory" in r.err, (where, r)
+            seen = view(d)
+            assert seen in (old, new) or args[0] in ("forget", "redact") and \
+                seen[0] == old[0], (where, r)
+            if seen != new:
+                again = call(d, *args)
+                assert again.code == 0 and SAID_SAVED.search(again.out), (where, again)
+                assert view(d) == new, where
+        tree_consistent(d)
+        assert call(d, "note", "next").code == 0
+        pay_all(d)
+        v = call(d, "verify")
+        assert v.code == 0, (where, v)
 
 DEFAULT_CHUNK = memo.CHUNK_RECORDS
 
