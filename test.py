@@ -3525,6 +3525,115 @@ def test_an_unfinished_import_is_named_and_rolled_back(tmp_path):
     assert not os.path.exists(os.path.join(d, ".journal"))
 
 
+
+def test_an_import_journal_of_memo_1_0_is_named_with_the_fix_that_rolls_it_back(tmp_path):
+    """Issue 25 B: memo 1.0 (d2f1c04 to 94252ff) wrote an import's journal
+    as the log's bytes before it, `960\\n`; an import it left unfinished
+    was called `not a journal memo wrote`, readers showed the half import,
+    and the fix given (move it out) kept it.  `echo 0 > .journal` writes
+    the same bytes, so memo cannot act on it safely: it names it as 1.0's,
+    with the memories it appended and the fix that rolls it back, which
+    run as given leaves the memories before it, and the next note #3."""
+    d = make_store(tmp_path / "m", ["kept %d" % i for i in range(3)])
+    with open(os.path.join(d, "LOG.txt"), "ab") as f:
+        f.write(b"".join(rec(i, "half imported") for i in range(3, 8)))
+    write(os.path.join(d, ".journal"), b"%d\n" % (3 * LOG))  # open_journal, 1.0
+    w = call(d, "wake")
+    assert w.code == 0 and "#7 " in w.out and one_line(w.err), w  # (which it cannot tell)
+    assert "holds 960, an import's journal as memo 1.0 wrote it" in w.err, w
+    assert "#3\u2013#7, which it appended, were never saved" in w.err, w
+    r = call(d, "note", "x")
+    assert r.code == 1 and one_line(r.err) and len(records(d)) == 8, r
+    v = call(d, "verify")
+    fix = re.search(r"roll the import back: (.*); else move it out", v.out)
+    assert v.code == 1 and fix, v
+    subprocess.run(fix.group(1), shell=True, check=True)
+    r = call(d, "note", "after")
+    assert r.code == 0 and r.out.startswith("Saved as #3."), r
+    assert records(d) == ["kept 0", "kept 1", "kept 2", "after"]
+    assert call(d, "verify").code == 0
+
+
+@pytest.mark.parametrize("raw", [b"", b"96"], ids=["empty", "part"])
+def test_an_import_journal_memo_1_0_was_cut_short_writing_is_named(tmp_path, raw):
+    """Issue 25 B: memo 1.0's first versions (d2f1c04 to b9419bf) wrote the
+    journal in place, synced, before the import appended a memory: one cut
+    short there left an empty journal or part of its number, and nothing to
+    roll back.  It is named as that, and moving it out, the fix, is all."""
+    d = make_store(tmp_path / "m", ["kept %d" % i for i in range(3)])
+    write(os.path.join(d, ".journal"), raw)
+    v = call(d, "verify")
+    assert v.code == 1 and "memo 1.0 was cut short writing an import's journal" in v.out, v
+    assert "truncate" not in v.out, v
+    fix = re.search(r"move it out of the store: (mv .*)$", v.out, re.M)
+    subprocess.run(fix.group(1), shell=True, check=True)
+    r = call(d, "note", "after")
+    assert r.code == 0 and r.out.startswith("Saved as #3."), r
+
+
+def test_a_half_written_journal_of_memo_1_0_is_dropped_by_the_next_write(tmp_path):
+    """Issue 25 B: memo 1.0 (from 9490bd7) wrote its journal to
+    `.journal.tmp`, then renamed it: one cut short before the rename is
+    named by verify as half written, and the next write removes it."""
+    d = make_store(tmp_path / "m", ["kept %d" % i for i in range(3)])
+    write(os.path.join(d, ".journal.tmp"), b"960")
+    v = call(d, "verify")
+    assert v.code == 1 and ".journal.tmp was half written by a memo" in v.out, v
+    assert call(d, "note", "after").code == 0
+    assert not os.path.exists(os.path.join(d, ".journal.tmp"))
+    assert call(d, "verify").code == 0
+
+
+@pytest.mark.parametrize("kind", ["import", "first, renamed in", "first, not yet",
+                                  "redact, record not written", "redact, record written"])
+def test_journals_of_memo_1_1_0_are_acted_on_as_it_meant(tmp_path, kind):
+    """Issue 25 B: memo 1.1.0 at first (88d722e) wrote a redact's journal
+    as `redact <id> <date>`, without the log's inode: it was called `not
+    a journal memo wrote` and never finished, the memory shown as it was.
+    It is finished now (the date checked, as for any redact); its import
+    and --first journals, the same bytes as today's, are rolled back and
+    finished.  Each is written as that version wrote it."""
+    log = os.path.join(str(tmp_path / "m"), "LOG.txt")
+    if kind == "import":
+        d = make_store(tmp_path / "m", ["kept %d" % i for i in range(3)])
+        with open(log, "ab") as f:
+            f.write(b"".join(rec(i, "half imported") for i in range(3, 8)))
+        body, seen, after = "import %d %d" % (os.stat(log).st_ino, 3 * LOG), 3, 3
+    elif kind.startswith("first"):  # 2 memories imported before the store's 3
+        d = make_store(tmp_path / "m", ["kept %d" % i for i in range(3)], tree=paid_tree(3))
+        new = os.path.join(d, ".LOG.new")
+        write(new, rec(0, "first 0") + rec(1, "first 1") +
+              b"".join(rec(i + 2, "kept %d" % i) for i in range(3)))
+        body = "first %d %d %d" % (os.stat(new).st_ino, 3 * LOG, 5 * LOG)
+        if kind == "first, renamed in":
+            os.rename(new, log)
+        seen = after = 5 if kind == "first, renamed in" else 3
+    else:
+        d = make_store(tmp_path / "m", ["event %d" % i for i in range(8)], tree=paid_tree(8))
+        if kind == "redact, record written":
+            with open(log, "r+b") as f:
+                f.seek(5 * LOG)
+                f.write(rec(5, "[redacted]"))
+        body, seen, after = "redact 5 %s" % DAY, 8, 8
+    write(os.path.join(d, ".journal"), signed("memo-journal 1 " + body))  # Journal.line, 1.1.0
+    w = call(d, "wake")
+    assert w.code == 0 and ".journal" not in w.err, w
+    assert "#%d " % (seen - 1) in w.out and "#%d " % seen not in w.out, w
+    if kind.startswith("redact"):
+        assert "#5 %s [redacted]" % DAY in w.out and "event 5" not in w.out, w
+    r = call(d, "note", "after")
+    assert r.code == 0 and r.out.startswith("Saved as #%d." % after), r
+    assert not os.path.exists(os.path.join(d, ".journal"))
+    texts = records(d)
+    assert len(texts) == after + 1 and "half imported" not in texts
+    if kind.startswith("redact"):
+        assert texts[5] == "[redacted]" and all(
+            "event 5" not in t for t in store_bytes(d).get("TREE/2", b"").decode().split("\n"))
+    if kind == "first, renamed in":
+        assert texts[:2] == ["first 0", "first 1"] and tree_levels(d).get(2, 0) == 0
+    pay_all(d)
+    assert call(d, "verify").code == 0
+
 # -- summaries never outlive their memories (§3) -----------------------------
 
 def test_summaries_of_memories_gone_are_ignored_then_trimmed(tmp_path):
