@@ -4273,10 +4273,14 @@ def test_a_lost_log_is_damage_not_an_empty_store(tmp_path):
     assert v.code == 1 and "LOG.txt is missing" in v.out, v
 
 
-def test_a_damaged_stash_record_costs_that_summary_alone(tmp_path):
+@pytest.mark.parametrize("chunk", [4096, 2])
+def test_a_damaged_stash_record_costs_that_summary_alone(tmp_path, monkeypatch, chunk):
     """Regression (attack): one damaged record in a stash run made the
     whole run go.  Now the records before it go back to TREE, the damaged
-    one is written again by a nap, and the ones after it wait their turn."""
+    one is written again by a nap, and the ones after it wait their turn.
+    (With CHUNK_RECORDS 2, forget keeps the run aside, and the put-back
+    streams it, across chunks: issue 25 A.)"""
+    monkeypatch.setattr(memo, "CHUNK_RECORDS", chunk)
     d = make_store(tmp_path / "m", ["event %d" % i for i in range(16)],
                    tree={2: ["s %d" % k for k in range(8)]})
     assert call(d, "forget", "0-1").code == 0
