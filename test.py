@@ -1942,6 +1942,59 @@ def test_a_stuck_reader_never_blocks_a_note(tmp_path, texts, config, args, stuck
             os.close(r)
 
 
+# -- a writer takes the lock only once its input is read ------------------
+
+WRITERS_READING = [  # (id, argv, the input: its first part, then the rest)
+    ("import -", ["import", "-"], "TODAY one\n", "TODAY two\n"),
+    ("import --first -", ["import", "--first", "-"], "2019-12-31 one\n", "2019-12-31 two\n"),
+    ("import <fifo>", ["import", "FIFO"], "TODAY one\n", "TODAY two\n"),
+    ("note -", ["note", "-"], "a note ", "from a slow pipe\n"),
+    ("sleep 0-1 -", ["sleep", "0-1", "-"], "a summary ", "from a slow pipe\n"),
+]
+
+
+@pytest.mark.parametrize("args, head, tail", [w[1:] for w in WRITERS_READING],
+                         ids=[w[0] for w in WRITERS_READING])
+def test_a_writer_waiting_for_its_input_blocks_no_one(tmp_path, args, head, tail):
+    """Regression, issue 25 A: `slow-producer | memo import -` held the
+    store's exclusive lock while it waited for input, so `memo wake` waited,
+    then gave up after 30 s.  Input is read, bounded and checked before the
+    lock is taken: while a writer waits on a slow producer (checked to be
+    blocked reading its pipe), wake and note run at once; then it saves."""
+    d = make_store(tmp_path / "m", ["event 0", "event 1"])
+    today = time.strftime("%Y-%m-%d")
+    head, tail = (part.replace("TODAY", today).encode() for part in (head, tail))
+    fifo = str(tmp_path / "history.fifo")
+    os.mkfifo(fifo)
+    argv = [fifo if a == "FIFO" else a for a in args]
+    p = subprocess.Popen(memo_argv(argv), env=env_for(d), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with cleaned_up(p):
+        producer = open(fifo, "wb") if "FIFO" in args else p.stdin
+        producer.write(head)
+        producer.flush()
+
+        def reading():
+            with open("/proc/%d/wchan" % p.pid) as f:
+                return "pipe_read" in f.read() or p.poll() is not None
+        poll_until(reading, 10, "memo to wait for the rest of its input")
+        assert p.poll() is None, "memo did not wait for its input"
+        r = qcli(d, [("LOCK_WAIT", 2)], "wake")
+        assert r.code == 0 and WAITING not in r.err and "You are awake." in r.out, r
+        note_goes_at_once(d)
+        assert p.poll() is None, "memo did not wait for its input all along"
+        producer.write(tail)
+        producer.close()
+        if producer is not p.stdin:
+            p.stdin.close()
+        out, err = p.stdout.read(), p.stderr.read()
+        p.wait()
+        r = result_of(p, out, err)
+    assert r.code == 0 and "Traceback" not in r.err, r
+    assert r.out.startswith(("Imported 2 memories", "Saved as #3.", "0-1 saved.")), r
+    assert ".import.new" not in os.listdir(d)
+
+
 # -- the lock: a notice, then a bounded wait --------------------------------
 
 LOCKED_OUT = [  # every command that takes the store's lock, writers first
@@ -4008,15 +4061,18 @@ def test_stash_summaries_of_memories_gone_are_named_when_dropped(tmp_path):
         before - held()) in r.err, (before, held(), r)
 
 
-def test_memos_half_written_file_makes_a_store(tmp_path):
+@pytest.mark.parametrize("name", [".LOG.new", ".import.new"])
+def test_memos_half_written_file_makes_a_store(tmp_path, name):
     """Regression (attack): a directory holding `.git` and a `.LOG.new`
     memo left (a run that died) was refused as holding none of memo's
-    files, though init takes it; the next note removes the debris."""
+    files, though init takes it; the next note removes the debris (an
+    import's spool too, whose name lives a moment: killed in that one)."""
     d = tmp_path / "m"
     (d / ".git").mkdir(parents=True)
-    (d / ".LOG.new").write_bytes(b"")
+    (d / name).write_bytes(b"")
     r = cli(d, "note", "first")
     assert r.code == 0 and r.out.startswith("Saved as #0."), r
+    assert not (d / name).exists()
 
 
 # Damage to a log of memo's that leaves it memo's: (how, the log's bytes
@@ -4329,7 +4385,7 @@ def test_summary_texts_checks_a_level_as_parse_summary_does_each(how):
                 memo.parse_summary(2 * k, 2 * k + 2, data[k * TREE:(k + 1) * TREE])
 
 
-@pytest.mark.parametrize("name", [".LOG.new", ".journal.new", ".stash/2-3.new"])
+@pytest.mark.parametrize("name", [".LOG.new", ".journal.new", ".stash/2-3.new", ".import.new"])
 def test_a_temporary_name_memo_uses_holding_a_directory_is_not_removed(tmp_path, name):
     """Regression (attack): a directory (or link) where memo writes a
     temporary file was removed or followed.  Now it is not memo's: named,
@@ -6282,6 +6338,18 @@ def test_import_into_newer_memories_names_first(store, tmp_path):
     assert r.code == 1 and "line 1" in r.err and "newest memory" in r.err
     assert r.err.endswith("memo only appends. To put this history before your memories:\n"
                           "Run: memo import --first %s\n" % path), r
+
+
+def test_import_refused_from_stdin_orders_what_can_run(store, tmp_path):
+    """Bug: after `... | memo import -` was refused (a date before the
+    newest memory), the order was `Run: memo import --first -`, which reads
+    a stdin that is gone.  The order names a file, and says to save the
+    input there first."""
+    imported(store, tmp_path, 3, day="2021-05-05")
+    r = cli(store, "import", "-", stdin=b"2021-05-04 older\n")
+    assert r.code == 1 and "newest memory" in r.err, r
+    assert r.err.endswith("save it to history.txt (this stdin is read and gone), then:\n"
+                          "Run: memo import --first history.txt\n"), r
 
 
 def test_import_first_puts_history_before_the_notes(store, tmp_path):
