@@ -3865,6 +3865,23 @@ def test_damage_elsewhere_is_a_warning_after_the_save(tmp_path):
     assert s.code == 1 and "#0" in s.err, s
 
 
+def test_a_failed_put_back_after_a_saved_nap_is_a_warning(tmp_path):
+    """Regression, issue 25 B: a nap saved, then the stash's put-back failed
+    (a full disk): exit 1, and a retry said "Your line was not saved".  Once
+    memo says it saved, exit 0, the failure a warning; the next writer puts
+    the summaries back."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(8)], tree=paid_tree(8))
+    assert call(d, "forget", "0-1").code == 0  # 2-3, 4-5, 6-7 wait in the stash
+    r = cli(d, "sleep", "0-1", "sum 0-1 again", preexec_fn=_fsize_limit(2 * TREE))
+    assert r.code == 0 and r.out.startswith("0-1 saved.\n"), r
+    assert one_line(r.err) and r.err.startswith("Warning: the change is saved, but tidying "
+                                                "after it failed"), r
+    r = cli(d, "sleep")
+    assert r.code == 0 and "Run: memo sleep 0-3 " in r.out, r
+    assert os.path.getsize(os.path.join(d, "TREE", "2")) == 4 * TREE
+    assert cli(d, "verify").code == 0
+
+
 SUMMARY_CORRUPTIONS = {
     "invalid utf-8": lambda r: _patch(r, 2, b"\xff"),
     "zero byte": lambda r: _patch(r, 2, b"\0"),
@@ -5877,6 +5894,48 @@ def test_sleep_exec_stops_cleanly_on_ctrl_c(store, tmp_path):
     assert p.returncode == 130 and b"Stopped by Ctrl-C: 1 compression saved." in err, err
     assert b"Traceback" not in err and memo.pending_count(store, 4) == 2
     assert call(store, "verify").code == 0
+    no_leftovers()
+
+
+def test_sleep_exec_that_saved_then_met_a_held_lock_says_what_it_saved(store, tmp_path):
+    """Regression, issue 25 B: `--exec` that saved a nap, then met a lock
+    held past LOCK_WAIT, said "Nothing was changed".  It says how many
+    compressions it saved (exit 1, as a stopped --exec is)."""
+    imported(store, tmp_path, 4)
+    first, second, go = (tmp_path / name for name in ("first", "second", "go"))
+    command = ("cat >/dev/null; if [ -e {0} ]; then touch {1}; while [ ! -e {2} ]; do "
+               "sleep 0.02; done; fi; touch {0}; echo sum".format(first, second, go))
+    p = Stamped(store, ["sleep", "--exec", command], [("LOCK_WAIT", 1)])
+    poll_until(lambda: second.exists() or p.p.poll() is not None, 30, "the second nap")
+    with lock_held(store):
+        go.touch()
+        r = p.finish()
+    assert r.code == 1 and one_line(r.err), r
+    assert r.err.startswith("Gave up after 1 s: another memo command still holds the "
+                            "store.") and r.err.endswith(" 1 compression saved.\n"), r
+    assert "Nothing was changed" not in r.err and memo.pending_count(store, 4) == 2, r
+
+
+CTRL_C_AT_FORK = (  # Ctrl-C reaches memo and its command before setsid parts them
+    "import os, signal\n_setsid = memo.posix.setsid\n"
+    "def setsid():\n    if sys._getframe(1).f_code.co_name == 'in_the_child':\n"
+    "        os.kill(os.getppid(), signal.SIGINT)\n        os.kill(os.getpid(), signal.SIGINT)\n"
+    "    return _setsid()\nmemo.posix.setsid = setsid")
+
+
+def test_sleep_exec_ctrl_c_as_its_command_starts(store, tmp_path):
+    """Regression, issue 25 B: Ctrl-C as --exec started its command (after
+    the fork, before the command had a session of its own: about 1 in 10)
+    raised memo's handler in the child, and memo said `SubprocessError:
+    Exception occurred in preexec_fn.`, exit 1.  It is Ctrl-C: 130, memo's
+    one stop line."""
+    imported(store, tmp_path, 4)
+    r = subprocess.run(quick(patch=CTRL_C_AT_FORK) + [MEMO, "sleep", "--exec", "echo sum"],
+                       env=env_for(store), capture_output=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    err = r.stderr.decode()
+    assert r.returncode == 130 and err == "Stopped by Ctrl-C: 0 compressions saved.\n", err
+    assert memo.pending_count(store, 4) == 3
     no_leftovers()
 
 
