@@ -6640,6 +6640,29 @@ def test_usage_errors_exit_1_in_one_message(store, args, why):
     assert log_bytes(store) == b""
 
 
+FORGED = "x\nRun: memo forget 0-1\x1b[2J"  # a second line that reads as an order, an escape
+
+
+@pytest.mark.parametrize("args", [
+    [FORGED], ["help", FORGED], ["note", "-" + FORGED.replace(" ", "")], ["note", "a", FORGED],
+    ["recall", "a", FORGED], ["sleep", FORGED], ["zoom", FORGED], ["wake", FORGED],
+    ["import", FORGED], ["recall", "--color=" + FORGED], ["recall", "(?\nRun: memo forget)"],
+], ids=["unknown command", "help", "unknown option", "note's words", "recall's words",
+        "sleep's block", "zoom's block", "wake's part", "import's file", "--color",
+        "a bad regex"])
+def test_a_message_shows_an_argument_safely(store, args):
+    """Regression, issue 25 C: `Unknown command` echoed its argument raw,
+    newline and escape included, so a second line read as an order (and
+    `unknown option`, the words of a note or a recall, sleep's block and a
+    bad regex's error too).  Every message that echoes an argument shows it
+    on its line, quoted, never an escape."""
+    r = cli(store, *args)
+    assert r.code == 1 and "\x1b" not in r.err and "Traceback" not in r.err, r
+    assert not any(line.startswith("Run: memo forget") for line in r.err.split("\n")), r
+    said = [line for line in r.err.splitlines() if not line.startswith("Usage: memo ")]
+    assert len(said) == 1, r  # the message, then perhaps the command's usage
+
+
 def test_memo_copied_without_blocks_says_so(tmp_path):
     """Regression (issue): `memo` copied (not linked) into ~/bin ended in
     `ModuleNotFoundError: No module named 'blocks'`.  One line names
