@@ -5575,7 +5575,9 @@ def test_wake_snapshot_is_stable(store, tmp_path):
 
 @pytest.mark.parametrize("args,why", [
     (["1", "999"], "Start over"), (["9", "10"], "Start over"), (["0"], "whole number"),
-    (["x"], "whole number"), (["1", "2", "3"], "Usage: memo wake")])
+    (["x"], "whole number"), (["1", "2", "3"], "Usage: memo wake"),
+    # regression, issue 25 C: T=0 on a store with memories said "No memories yet"
+    (["1", "0"], "T=0 is none of the 10 memories there are. Start over.\nRun: memo wake")])
 def test_wake_bad_part_or_T(store, tmp_path, args, why):
     imported(store, tmp_path, 10)
     pay_all(store)
