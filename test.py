@@ -5556,6 +5556,31 @@ def test_wake_reads_what_it_can(store):
     assert r.code == 1 and r.out.startswith("Cannot wake: 1 compression pending."), r
 
 
+@pytest.mark.parametrize("args", [(), ("--max-bytes", "9000")])
+def test_wake_shows_the_rest_of_a_damaged_memory(tmp_path, args):
+    """Regression, issue 25 C: one invalid byte in a recent memory made
+    wake print nothing at all.  wake prints whatever it can: every other
+    line, the damaged block named in its place, then the damage in one
+    line with its fix (exit 1).  So too for a damaged summary it shows."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(8)], tree=paid_tree(8))
+    data = log_bytes(d)
+    write(os.path.join(d, "LOG.txt"), _patch(data, 6 * LOG + len("#6 2020-01-01 e"), b"\xff"))
+    r = cli(d, "wake", *args)
+    assert r.code == 1 and r.err == ("Memory #6 is not valid UTF-8. memo never rewrites "
+                                     "LOG.txt: restore it from a backup.\n"), r
+    assert "\n#6 cannot be shown: it is damaged (named below).\n#7 2020-01-01 event 7\n" \
+        in r.out and r.out.startswith("Your memory, oldest first.\n#0 2020-01-01 event 0\n")
+    assert r.out.endswith("You are awake.\n"), r
+    write(os.path.join(d, "LOG.txt"), data)
+    tree = os.path.join(d, "TREE", "4")
+    write(tree, _patch(open(tree, "rb").read(), TREE + 2, b"\xff"))  # 4-7's summary
+    write(os.path.join(d, "config"), b"WAKE_LINES = 2\n")
+    r = cli(d, "wake", *args)
+    assert r.code == 1 and "memo forget 4-7" in r.err and one_line(r.err), r
+    assert r.out.split("\n")[1:3] == ["#0-3 2020-01-01 sum 0-3",
+                                      "#4-7 cannot be shown: it is damaged (named below)."], r
+
+
 def test_wake_snapshot_is_stable(store, tmp_path):
     """A note and a paid nap between `wake k T` calls change no part's
     lines (only the last part's live count of pending naps may change)."""
