@@ -6416,6 +6416,16 @@ def test_import_reads_a_pipe(store):
     assert r.code == 0 and "#2 to #2" in r.out, r
 
 
+def test_import_spools_in_the_store_and_leaves_nothing(store, tmp_path):
+    """import holds its checked input in the store, under a name removed as
+    soon as it is made (issue 25 A); one a run killed in that moment left
+    is taken over, and nothing stays behind either way."""
+    write(os.path.join(store, ".import.new"), b"left by a memo killed at once")
+    r = call(store, "import", write_history(str(tmp_path / "h.txt"), 3))
+    assert r.code == 0 and r.out.startswith("Imported 3 memories, #0 to #2."), r
+    assert ".import.new" not in os.listdir(store) and len(records(store)) == 3
+
+
 def test_import_into_newer_memories_names_first(store, tmp_path):
     """The plain import refusal names `--first`, as an order."""
     imported(store, tmp_path, 3, day="2021-05-05")
