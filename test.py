@@ -1979,9 +1979,10 @@ def test_a_writer_waiting_for_its_input_blocks_no_one(tmp_path, args, head, tail
                 return "pipe_read" in f.read() or p.poll() is not None
         poll_until(reading, 10, "memo to wait for the rest of its input")
         assert p.poll() is None, "memo did not wait for its input"
-        r = qcli(d, [("LOCK_WAIT", 2)], "wake")
+        r = qcli(d, [("LOCK_WAIT", 2)], "wake")  # one that waited would say so, then fail
         assert r.code == 0 and WAITING not in r.err and "You are awake." in r.out, r
-        note_goes_at_once(d)
+        r = qcli(d, [("LOCK_WAIT", 2)], "note", "written while another memo waited")
+        assert r.code == 0 and WAITING not in r.err and r.out.startswith("Saved as #2."), r
         assert p.poll() is None, "memo did not wait for its input all along"
         producer.write(tail)
         producer.close()
