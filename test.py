@@ -1676,26 +1676,35 @@ def test_parse_memory_names_each_damage(how):
     assert memo.parse_memory(3, GOOD) == (DAY, "a memory of mine")
 
 
-UNFINISHED = [  # tail bytes after n whole records, header, record size, memo's own?
+TORN = [  # bytes after 4 whole records, the last #3's: a torn write (dropped)?
     (b"", True), (b"\0" * 100, True), (b"#", True), (b"#4", True), (b"#4 ", True),
     (b"#4 2020-01-01 half a rec", True), (rec(4, "x")[:318], True),
+    # Regression (seed suite): its power cut's record names another id, and
+    # was damage; memo never said it saved it, so it is a torn write too.
+    (b"#99 2026-01-01 a half-written record killed by a power cut", True),
+    (rec(3, "x")[:40], True), (b"#40", True), (b"x", True), (b"\0" * 10 + b"#4 ", True),
+    (rec(4, "x")[:100] + b"\0" * 50, True), (b"#4 \0", True),
     (rec(4, "x")[:319], False),          # a whole record but its newline: kept
-    (rec(4, "x")[:100] + b"\0" * 50, False), (rec(3, "x")[:40], False),
-    (b"#40", False), (b"x", False), (b"\n", False), (b"#4 a\nb", False),
-    (b"\0" * 10 + b"#4 ", False), (b"#4 \0", False),
+    (b"\n", False), (b"#4 a\nb", False), (rec(4, "x")[1:], False),
 ]
 
 
-@pytest.mark.parametrize("tail, ok", UNFINISHED, ids=[repr(t[:20]) for t, _ in UNFINISHED])
-def test_only_memos_own_unfinished_write_is_debris(tail, ok):
-    """What a writer may cut off a log of 4 whole records: zero bytes, or a
-    proper prefix of `#4 ...` without a newline (and not all of a record
-    but its newline: that may be a saved memory that lost its newline).
-    Anything else is damage, kept (README: Guarantees)."""
-    assert memo.unfinished(tail, b"#4 ", LOG) is ok
-    tree = tail.replace(b"#4 ", b"")
-    if b"\n" in tree or tree.strip(b"\0") and b"\0" in tree:
-        assert memo.unfinished(tree, b"", TREE) is False
+@pytest.mark.parametrize("tail, ok", TORN, ids=[repr(t[:20]) for t, _ in TORN])
+def test_a_torn_write_is_short_has_no_newline_and_follows_a_record_in_place(tail, ok):
+    """What a writer may cut off a file: a tail shorter than a record but
+    its newline, holding no newline, after a last record whole and in
+    place (README: Files), whatever it holds; anything else is damage, kept.
+    After a shifted record (a byte lost or added before it), or none in
+    place, no tail is torn; the same rule holds for a TREE level."""
+    last = rec(3, "the last one")
+    assert memo.torn(last, tail, b"#3 ", LOG) is ok
+    assert memo.torn(b"", tail, b"#-1 ", LOG) is ok  # no memory before it
+    for shifted in (last[1:] + b"#", b" " + last[:-1], rec(2, "x"), last[:-1] + b" "):
+        assert memo.torn(shifted, tail, b"#3 ", LOG) is False
+    summary = memo.summary_record("a summary")
+    if len(tail) < TREE - 1:
+        assert memo.torn(summary, tail, b"", TREE) is ok
+        assert memo.torn(summary[1:] + b" ", tail, b"", TREE) is False
 
 
 @pytest.mark.parametrize("first", [0, 5, 9990, 99 * 1000 - 30, 10 ** 6 - 4096])
@@ -3234,9 +3243,12 @@ LOG_TAILS = {  # bytes after 3 whole memories; dropped, or damage that is kept
     "record with zero head": (b"\0" * 100 + rec(3, "half written")[100:], "damage"),
     "record with one zero byte": (rec(3, "x")[:50] + b"\0" + rec(3, "x")[51:], "damage"),
     "record missing only its newline": (rec(3, "torn write")[:-1], "damage"),
-    "partial naming another id": (rec(7, "torn")[:40], "damage"),
+    "partial naming another id": (rec(7, "torn")[:40], "dropped"),  # (once damage)
+    "the seed suite's power cut": (b"#99 2026-01-01 a half-written record killed by a power cut",
+                                   "dropped"),
     "partial holding a newline": (b"#3 2020-01-01 a\n", "damage"),
-    "zero records then a wrong id": (b"\0" * LOG + b"#3 to", "damage"),
+    "zero records then a wrong id": (b"\0" * LOG + b"#3 to", "dropped"),  # (once damage)
+    "zero records then a newline": (b"\0" * LOG + b"#3 to\n", "damage"),
 }
 
 
@@ -3360,8 +3372,10 @@ def test_no_single_byte_damage_ever_loses_a_whole_memory(tmp_path):
         elif after[:len(bad)] != bad:  # something was cut: memo's own debris only
             m = int(re.match(r"Saved as #(\d+)\.", r.out).group(1))
             cut = bad[m * LOG:]
-            assert not cut.strip(b"\0") or memo.unfinished(cut, b"#%d " % m, LOG) or \
-                all(not cut[k:k + LOG].strip(b"\0") for k in range(0, len(cut), LOG)), (how, r)
+            zeros = len(cut) // LOG * LOG
+            assert not cut[:zeros].strip(b"\0") and memo.torn(
+                bad[(m - 1) * LOG:m * LOG] if m else b"", cut[zeros:], b"#%d " % (m - 1), LOG), \
+                (how, r)
 
 
 # -- a journal is trusted only when it is memo's own (§2) --------------------
