@@ -5905,8 +5905,9 @@ def test_recall_says_first_what_its_cap_left_out_and_pages_back(store, tmp_path)
     imported(store, tmp_path, 400)
     memo.PART_CHARS = 2000
     lines, ids, order = _page(store, "event")
-    assert lines[0].startswith("Showing the newest %d of 400 matches (#%d\u2013#399); older "
-                               "ones: #0\u2013#%d." % (len(ids), ids[0], ids[0] - 1)), lines[0]
+    # Regression (seed suite): a capped recall did not say `Narrow the regex`.
+    assert lines[0] == ("Showing the newest %d of 400 matches (#%d\u2013#399); older ones: "
+                        "#0\u2013#%d. Narrow the regex for fewer." % (len(ids), ids[0], ids[0] - 1))
     assert ids == list(range(ids[0], 400)) and order == "Run: memo recall --before %d event" % ids[0]
     seen = ids
     while order:
@@ -5916,6 +5917,7 @@ def test_recall_says_first_what_its_cap_left_out_and_pages_back(store, tmp_path)
     assert seen == list(range(400)) and lines[-1] == "%d matches." % len(ids)
     lines, ids, order = _page(store, "--oldest", "event")
     assert lines[0].startswith("Showing the oldest") and ids[0] == 0
+    assert lines[0].endswith(". Narrow the regex for fewer."), lines[0]
     assert order == "Run: memo recall --oldest --after %d event" % ids[-1]
 
 
