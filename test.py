@@ -6146,6 +6146,53 @@ def test_forget_one_summary_says_just_that(store, tmp_path):
                                                 "\nRun: memo sleep\n")
 
 
+def test_forget_all_drops_every_summary_and_keeps_every_memory(tmp_path):
+    """`forget --all`, the way back from a bad `sleep --exec` run: every
+    summary goes, TREE's and the stash's, every memory stays, and it says
+    how many naps the next sleep owes."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(40)], tree=paid_tree(40))
+    assert call(d, "forget", "4-5").code == 0 and os.listdir(os.path.join(d, ".stash"))
+    log = log_bytes(d)
+    r = call(d, "forget", "--all")
+    assert r.code == 0 and r.out == ("Forgot all 33 summaries; every memory is kept. The next "
+                                     "memo sleep owes 38 naps.\nRun: memo sleep\n"), r
+    assert log_bytes(d) == log and not os.path.exists(os.path.join(d, ".stash"))
+    assert set(tree_sizes(d).values()) <= {0} and memo.pending_count(d, 40) == 38
+    assert call(d, "forget", "--all").out.startswith("Forgot no summary (there was none);")
+    assert call(d, "forget", "--all", "0-1").code == 1
+    assert pay_all(d) == 38 and call(d, "verify").code == 0
+
+
+def test_forget_all_killed_at_any_step_leaves_every_summary_on_its_halves(tmp_path):
+    """A `forget --all` killed at any step leaves the memories as they were,
+    and every summary there is (in TREE or the stash) on its two halves:
+    the stash goes first, then the levels, larger blocks first."""
+    base = make_store(tmp_path / "base", ["event %d" % i for i in range(64)], tree=paid_tree(64))
+    assert call(base, "forget", "20-21").code == 0  # stash runs on four levels
+    texts = records(base)
+
+    def run_in(d):
+        return lambda: call(d, "forget", "--all")
+    probe = str(tmp_path / "probe")
+    shutil.copytree(base, probe)
+    calls = _steps(run_in(probe))
+    for step in range(1, len(calls) + 1):
+        for mode in ("before", "after"):
+            d = str(tmp_path / ("s%d%s" % (step, mode)))
+            shutil.copytree(base, d)
+            _crash_at(step, mode, run_in(d))
+            assert records(d) == texts
+            with memo.Store(d) as st:
+                levels = memo.Levels(st, 64)
+                for size in levels.built:
+                    for lo in range(0, 64, size):
+                        if size > 2 and levels.has(lo, lo + size):
+                            half = size // 2
+                            assert levels.has(lo, lo + half) and levels.has(lo + half, lo + size), \
+                                (step, mode, lo, size)
+            shutil.rmtree(d)
+
+
 @pytest.mark.parametrize("bid,why", [("17-32", "Not a block"), ("abc", "block id"),
                                      ("64-127", "beyond the memory"), ("3-4", "Not a block"),
                                      ("0-15", "beyond the memory")])
