@@ -2449,7 +2449,12 @@ def test_endless_stdin_is_refused_at_once(tmp_path, args, stream, says):
         out.seek(0)
         err.seek(0)
         r = result_of(p, out.read(), err.read())
-    assert r.code == 1 and r.err.startswith(says) and one_line(r.err), r
+    assert r.code == 1 and r.err.startswith(says), r
+    if args[0] == "import" and "expected" in says:  # it names the first 20 bad lines
+        assert r.err.splitlines()[20:] == ["...and at least 980 more bad lines. Nothing was "
+                                           "imported. memo stopped reading at line 1000."], r
+    else:
+        assert one_line(r.err), r
     assert "Traceback" not in r.err
     assert taken < 1 * MB, "memo read %d bytes" % taken
     assert took < 3, took
@@ -6229,6 +6234,31 @@ def test_import_refuses_bad_files_whole(store, tmp_path, content, why):
     r = call(store, "import", str(path))
     assert r.code == 1 and why in r.err, r
     assert log_bytes(store) == before and not os.path.exists(os.path.join(store, ".journal"))
+
+
+def test_import_names_every_bad_line_in_one_run(store, tmp_path):
+    """Regression: import stopped at the first bad line, so a file of many
+    took as many runs to fix.  Now one run names every bad line, each as
+    it would be alone (the first 20, then how many more), and writes
+    nothing; a bad line's date does not count as the line before."""
+    path = tmp_path / "h.txt"
+    path.write_bytes(b"2020-01-01 fine\n2020-01-02 caf\xe9\n2020-01-01 after a bad one\n"
+                     b"2020-13-01 no such month\n2020-01-03 fine\n2020-01-02 earlier\n")
+    r = call(store, "import", str(path))
+    name = str(path)
+    assert r.code == 1 and r.err.splitlines() == [
+        name + " line 2 is not valid UTF-8.",
+        name + " line 4: expected `YYYY-MM-DD <text>` with a real date, got "
+               "'2020-13-01 no such month'.",
+        name + " line 6: date 2020-01-02 is earlier than the line before (2020-01-03). Sort "
+               "the file by date: sort -s -k1,1."], r
+    path.write_bytes(b"".join(b"2020-01-01 ok\nline %d\n" % i for i in range(25)))
+    r = call(store, "import", str(path))
+    lines = r.err.splitlines()
+    assert r.code == 1 and len(lines) == 21 and lines[0].startswith(name + " line 2: ") and \
+        lines[19].startswith(name + " line 40: "), r
+    assert lines[20] == "...and 5 more bad lines. Nothing was imported.", r
+    assert log_bytes(store) == b"" and not os.path.exists(os.path.join(store, ".journal"))
 
 
 def test_import_ok_with_bom_crlf_and_blank_lines(store, tmp_path):
