@@ -5650,6 +5650,22 @@ def test_note_and_sleep_read_stdin_literally(tmp_path):
     assert r.code == 1 and "one line" in r.err and len(records(d)) == 2
 
 
+def test_a_byte_order_mark_on_stdin_is_dropped(tmp_path):
+    """Regression (a peer's suite): a text piped from a Windows editor, its
+    byte-order mark first, was refused (U+FEFF, invisible) by `note -` and
+    `sleep <id> -`; import dropped it from a file.  Now stdin drops it too
+    (one elsewhere in the text is still refused)."""
+    d = make_store(tmp_path / "m", ["event 0"])
+    r = cli(d, "note", "-", stdin="\ufeffnoted from Notepad\n")
+    assert r.code == 0 and records(d)[1] == "noted from Notepad", r
+    r = cli(d, "sleep", "0-1", "-", stdin="\ufeffa summary from Notepad\n")
+    assert r.code == 0, r
+    with open(os.path.join(d, "TREE", "2"), "rb") as f:
+        assert f.read() == srec("a summary from Notepad")
+    r = cli(d, "note", "-", stdin="in the \ufeffmiddle\n")
+    assert r.code == 1 and "U+FEFF" in r.err, r
+
+
 def test_note_stdin_closed_is_a_clear_error(tmp_path):
     """`memo note -` with stdin closed (fd 0 shut): exit 1, a message, no traceback."""
     d = make_store(tmp_path / "m")
@@ -6055,6 +6071,11 @@ def test_zoom_opens_a_block(store, tmp_path):
     for bid, why in [("64-127", "beyond"), ("40-41", "beyond"), ("1-2", "Not a block")]:
         r = call(store, "zoom", bid)
         assert r.code == 1 and why in r.err, bid
+    # Regression (a peer's suite): past the end, zoom did not say how to get back
+    r = call(store, "zoom", "64-127")
+    assert r.err.splitlines() == ["Block 64-127 is beyond the memory: it holds 40 memories "
+                                  "(#0\u2013#39); wake shows the blocks there are.",
+                                  "Run: memo wake"], r
 
 
 def test_zoom_into_a_block_past_the_newest_memory_shows_what_there_is(store, tmp_path):
