@@ -2470,8 +2470,8 @@ def test_endless_stdin_is_refused_at_once(tmp_path, args, stream, says):
         r = result_of(p, out.read(), err.read())
     assert r.code == 1 and r.err.startswith(says), r
     if args[0] == "import" and "expected" in says:  # it names the first 20 bad lines
-        assert r.err.splitlines()[20:] == ["...and at least 980 more bad lines. Nothing was "
-                                           "imported. memo stopped reading at line 1000."], r
+        assert r.err.splitlines()[20:] == ["...and at least 980 more bad lines: memo stopped "
+                                           "reading at line 1000. Nothing was imported."], r
     else:
         assert one_line(r.err), r
     assert "Traceback" not in r.err
@@ -6211,6 +6211,8 @@ def test_forget_all_drops_every_summary_and_keeps_every_memory(tmp_path):
     assert call(d, "forget", "--all").out.startswith("Forgot no summary (there was none);")
     assert call(d, "forget", "--all", "0-1").code == 1
     assert pay_all(d) == 38 and call(d, "verify").code == 0
+    assert "the way back from a bad memo sleep --exec run" in " ".join(
+        memo.COMMAND["forget"].full_help().split())
 
 
 def test_forget_all_killed_at_any_step_leaves_every_summary_on_its_halves(tmp_path):
