@@ -2655,7 +2655,7 @@ UNBOUNDED = [
     ("250 MB line|sleep 0-1 -", ["sleep", "0-1", "-"], (b"", b"x" * MB, 250 * MB),
      "Too long: stdin holds more"),
     ("yes bad|import -", ["import", "-"], (b"", b"bad\n" * 16384, 2000 * MB),
-     "stdin line 1: expected `YYYY-MM-DD <text>`"),
+     "stdin line 1: not a real date: expected `YYYY-MM-DD <text>`"),
     ("200 MB no newline|import -", ["import", "-"], (b"", b"x" * MB, 200 * MB),
      "stdin line 1: Too long"),
     ("a line, then 200 MB|import -", ["import", "-"],
@@ -6875,8 +6875,8 @@ def test_import_names_every_bad_line_in_one_run(store, tmp_path):
     r = call(store, "import", str(path))
     name = str(path)
     assert r.code == 1 and r.err.splitlines() == [
-        name + " line 2 is not valid UTF-8.",
-        name + " line 4: expected `YYYY-MM-DD <text>` with a real date, got "
+        name + " line 2 is not UTF-8.",
+        name + " line 4: not a real date: expected `YYYY-MM-DD <text>`, got "
                "'2020-13-01 no such month'.",
         name + " line 6: <your line> is the blank in memo's orders, not text to keep: write "
                "your own words in its place."], r
