@@ -4292,7 +4292,7 @@ def test_corrupt_summary_names_block_and_forget(tmp_path, how):
         f.write(SUMMARY_CORRUPTIONS[how](data[:TREE]) + data[TREE:])
     memo.WAKE_LINES = 2  # wake shows 0-1 and 2-3 as summaries
     w = call(d, "wake")
-    assert w.code == 1 and "0-1" in w.err and "Run: memo forget 0-1" in w.err, w
+    assert w.code == 1 and "0-1" in w.err and "Fix: memo forget 0-1" in w.err, w
     z = call(d, "zoom", "0-3")
     assert z.code == 1 and "memo forget 0-1" in z.err, z
     v = call(d, "verify")
