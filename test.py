@@ -7812,6 +7812,27 @@ FAULT_COMMANDS = {
 }
 
 
+def test_sync_asks_macos_for_a_full_fsync(monkeypatch):
+    """Issue 26: macOS's fsync leaves data in the drive's cache, so memo
+    syncs with F_FULLFSYNC there, and with fsync where the file system
+    refuses it (or elsewhere)."""
+    import types
+    calls, refuse = [], [False]
+
+    def fcntl_(fd, op):
+        calls.append(op)
+        if refuse[0]:
+            raise OSError(errno.ENOTSUP, "Operation not supported")
+    monkeypatch.setitem(sys.modules, "fcntl", types.SimpleNamespace(F_FULLFSYNC=51, fcntl=fcntl_))
+    monkeypatch.setattr(memo.posix, "fsync", lambda fd: calls.append("fsync"))
+    for platform, refused, want in (("darwin", False, [51]), ("darwin", True, [51, "fsync"]),
+                                    ("linux", False, ["fsync"])):
+        monkeypatch.setattr(memo.sys, "platform", platform)
+        refuse[0], calls[:] = refused, []
+        memo.sync(0)
+        assert calls == want, platform
+
+
 @pytest.mark.parametrize("cmd", FAULT_COMMANDS, ids=list(FAULT_COMMANDS))
 @pytest.mark.parametrize("fault", FAULTS, ids=list(FAULTS))
 def test_failed_write_or_fsync_is_fatal(tmp_path, monkeypatch, fault, cmd):
