@@ -2908,6 +2908,7 @@ SAVES = {  # a command that saves: its store, and what it says once it has
     "sleep 0-1": (exec_store, r"0-1 saved\.$"),
     "forget": (paid_store, r"^Forgot 0-1 and the 1 summary built on it\."),
     "import": (paid_store, r"Imported 3 memories, #4 to #6\.$"),
+    "redact": (paid_store, r"^Redacted #1: "),
 }
 STREAM_COMMANDS = [  # (id, argv, SAVES key or None for a reader)
     ("wake", ["wake"], None), ("wake --max-bytes", ["wake", "--max-bytes", "500"], None),
@@ -2915,7 +2916,8 @@ STREAM_COMMANDS = [  # (id, argv, SAVES key or None for a reader)
     ("sleep 0-1", ["sleep", "0-1", "s"], "sleep 0-1"), ("recall", ["recall", "e"], None),
     ("zoom", ["zoom", "0-1"], None), ("forget", ["forget", "0-1"], "forget"),
     ("import", ["import", "HISTORY"], "import"), ("export", ["export"], None),
-    ("verify", ["verify"], None), ("--help", ["--help"], None),
+    ("verify", ["verify"], None), ("redact", ["redact", "1", "--yes"], "redact"),
+    ("init", ["init"], None), ("--help", ["--help"], None),
     ("--version", ["--version"], None), ("help note", ["help", "note"], None),
 ]
 
@@ -2932,6 +2934,8 @@ def saved_once(d, key):
     elif key == "import":
         assert records(d) == ["event %d" % i for i in range(4)] + [
             "event %d happened" % i for i in range(3)]
+    elif key == "redact":
+        assert records(d) == ["event 0", "[redacted]", "event 2", "event 3"]
 
 
 def stream_setup(how):
@@ -3237,7 +3241,7 @@ def test_ctrl_c_during_start_up_is_no_traceback(tmp_path):
 
 ALL_COMMANDS = [("wake",), ("wake", "--max-bytes", "500"), ("note", "x"), ("sleep",),
                 ("sleep", "0-1", "s"), ("recall", "e"), ("zoom", "0-1"), ("forget", "0-1"),
-                ("import", "HIST"), ("export",), ("verify",), ("redact", "0", "--yes")]
+                ("import", "HIST"), ("export",), ("verify",), ("redact", "0", "--yes"), ("init",)]
 
 
 def run_all(d, commands, hist, env=None, timeout=20):
@@ -8297,6 +8301,18 @@ def test_fuzz_in_process_and_cli(tmp_path, monkeypatch):
 def readme():
     with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
         return f.read()
+
+
+def test_every_list_of_every_command_comes_from_the_command_table():
+    """Issue 26: test.py's lists of "every command" were written by hand,
+    and nothing checked them against the command table (a new command
+    would have been left out of each silently).  Each holds every command;
+    README's Commands table names each too."""
+    table = set(memo.COMMAND)
+    for name, rows in (("LOCKED_OUT", LOCKED_OUT), ("ALL_COMMANDS", ALL_COMMANDS),
+                       ("STREAM_COMMANDS", [row[1] for row in STREAM_COMMANDS])):
+        assert {args[0] for args in rows} >= table, (name, table - {args[0] for args in rows})
+    assert set(re.findall(r"^\| `memo (\w+)", readme(), re.M)) - {"help"} == table
 
 
 def test_ci_runs_the_readme_test_command():
