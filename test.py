@@ -1152,10 +1152,15 @@ def test_sleep_exec_never_saves_memos_own_prompt(tmp_path, command):
     first line, `Compress memories #0-1 into one line ...`, as every
     summary.  A line of memo's own prompt is no summary, whatever words it
     shares with the memories: the run stops, nothing saved."""
-    d = text_store(tmp_path, ["compress the logs nightly", "keep one line of outcomes"])
-    r = cli(d, "sleep", "--exec", command)
-    assert r.code == 1 and "memo's own prompt" in r.err, r
-    assert summary_of(d) is None
+    for texts in (["compress the logs nightly", "keep one line of outcomes"],
+                  # regression (agent trial): memories sharing no word with the prompt's
+                  # lines, so cat's echo of them passed as lead-ins, and the first memory
+                  # after them was saved as the summary of the block
+                  ["Initial checkin of stuff", "Started working on documentation"]):
+        d = text_store(tmp_path, texts, name=texts[0][:4])
+        r = cli(d, "sleep", "--exec", command)
+        assert r.code == 1 and "memo's own prompt" in r.err, r
+        assert summary_of(d) is None
 
 
 @pytest.mark.parametrize("memories, answer", [
