@@ -2778,7 +2778,10 @@ def test_recall_regex_analysis_never_raises_fuzz(tmp_path):
     # a (? group is a regex's: its parentheses stay (attack: `(?i)` escaped),
     # and a ^ after a group or a | is an anchor
     ("(?i)$home", "(?i)\\$home"), ("(?<=call )f\\(x\\)", "(?<=call )f\\(x\\)"),
-    ("(?i)f(x)", "(?i)f\\(x\\)"), ("(?i)^#7 ", "(?i)^#7 "), ("(^a|^b)", "\\(^a|^b\\)"),
+    ("(?i)f(x)", "(?i)f\\(x\\)"), ("(?i)^#7 ", "(?i)^#7 "), ("(^a|^b)", "\\(^a\\|^b\\)"),
+    # regression (agent trial): a repeat in a text found nothing, and so did the note's pattern
+    ("range(len(xs)-k+1)", "range\\(len\\(xs\\)-k\\+1\\)"), ("3+4", "3\\+4"),
+    ("a{2}", "a\\{2\\}"), ("x*?", "x\\*\\?"),
 ])
 def test_as_text(pattern, text):
     """as_text: the regex characters a text typed into a pattern means
