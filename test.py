@@ -1303,6 +1303,11 @@ def mix(n, alphabet=ALNUM):
 
 
 SECRET_CASES = [  # (text before it, the credential, text after, the kind memo names)
+    # regression (agent trial): a PyPI upload token and an npm token were saved
+    pytest.param("pypi token is ", "pypi-AgEIcHlwaS5vcmcCJGE0ZTlhZjYxLTk3ZDEtNGQ3YS1iNGQ4LTU0MjI2Z"
+                 "jFjODI5NAACKlszLCI2ZWQ1", " for uploads", "PyPI upload token", id="pypi"),
+    pytest.param("npm token ", "npm_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8", "", "npm token",
+                 id="npm"),
     # regression (agent trial): a connection string with its password was saved
     pytest.param("prod db is postgres://admin:", "S3cr3tPass", "@db.internal:5432/prod",
                  "password in a URL", id="url-password"),
@@ -4787,7 +4792,8 @@ def test_a_full_life_of_1000_memories(store, tmp_path):
     assert memo.pending(store, T) == blocks.complete(T)
     r = call(store, "wake")
     assert r.code == 1 and r.out.startswith(
-        "Cannot wake: %d compressions pending. Do them, then run memo wake again." % 994)
+        "Cannot wake: %d compressions pending, and wake must show some of them. Pay the one "
+        "below, then run memo wake again." % 994)
     assert pay_all(store) == len(blocks.complete(T))
     assert memo.pending_count(store, T) == 0 and memo.pending(store, T) == []
     memo.PART_CHARS = 5000  # several parts
@@ -4889,7 +4895,8 @@ def test_one_pending_and_the_prompt(store, tmp_path):
     call(store, "note", "#3")
     memo.WAKE_LINES = 2
     r = call(store, "wake")
-    assert r.out.startswith("Cannot wake: 3 compressions pending. Do them, then run memo wake "
+    assert r.out.startswith("Cannot wake: 3 compressions pending, and wake must show some of "
+                            "them. Pay the one below, then run memo wake "
                             "again."), r
     assert "None" not in r.out
     assert "  #0 2020-01-01 event 0 happened\n  #1 2020-01-01 event 1 happened" in r.out
@@ -5883,7 +5890,7 @@ def test_wake_reads_what_it_can(store):
                                      "You are awake.\n" % (memo.today(), memo.today())), r
     memo.WAKE_LINES = 1
     r = call(store, "wake")
-    assert r.code == 1 and r.out.startswith("Cannot wake: 1 compression pending."), r
+    assert r.code == 1 and r.out.startswith("Cannot wake: 1 compression pending, and wake must show it."), r
 
 
 @pytest.mark.parametrize("args", [(), ("--max-bytes", "9000")])
@@ -6850,7 +6857,8 @@ def test_backlog_hint_past_64_naps(store, tmp_path, n, naps):
     memo.WAKE_LINES = 10
     w = call(store, "wake")
     assert w.code == 1 and w.out.startswith(
-        "Cannot wake: %d compressions pending. Do them, then run memo wake again.\n"
+        "Cannot wake: %d compressions pending, and wake must show some of them. Pay the one "
+        "below, then run memo wake again.\n"
         "Compress memories #0-1 " % naps), w
     assert w.out.endswith("then EOF.\n" + hint), w
 
