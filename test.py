@@ -1285,7 +1285,7 @@ def test_sleep_exec_saves_a_summary_only_for_what_its_prompt_showed(tmp_path, na
                 m = re.fullmatch(r"sum event rebuilt answer (\d+)", text or "")
                 if m:
                     block = (k * size, (k + 1) * size)
-                    now = memo.nap_prompt(block, memo.nap_shown(st, block)[0], 0, order=False)
+                    now = memo.nap_prompt(block, memo.nap_shown(st, block)[0], 0, ordered=False)
                     assert (log / m.group(1)).read_text() == now, block
                     checked += 1
     assert checked >= 1
@@ -8102,6 +8102,24 @@ def test_every_list_of_every_command_comes_from_the_command_table():
                             ("STREAM_COMMANDS", [row[1] for row in STREAM_COMMANDS], set())):
         assert {args[0] for args in rows} | but >= table, (name, table - {a[0] for a in rows})
     assert set(re.findall(r"^\| `memo (\w+)", readme(), re.M)) - {"help"} == table
+
+
+def test_every_order_comes_from_order():
+    """Issue 26: `Run:` was printed from 21 places, one of them mid-line
+    (against README: Orders).  Now `order` alone makes an order's line: no
+    other code of memo's spells `Run: ` (the paste block's prose, and
+    comments, may)."""
+    import ast
+    with open(MEMO, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    owner = next(node for node in ast.walk(tree)
+                 if isinstance(node, ast.FunctionDef) and node.name == "order")
+    own = {id(node) for node in ast.walk(owner)}
+    spelt = [node.lineno for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and "Run: " in node.value and id(node) not in own
+             and not node.value.startswith("## Memory")]
+    assert spelt == [], spelt
 
 
 def test_ci_runs_the_readme_test_command():
