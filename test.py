@@ -8629,9 +8629,8 @@ def test_a_chain_of_links_runs_the_cache_beside_the_real_file(tmp_path):
 
 
 def test_memo_that_cannot_read_its_own_file_says_so(tmp_path):
-    """Regression (attack): where the exec line's fast path failed and memo's
-    file could not be opened again (`sh -s < memo`, a link replaced as memo
-    started), a traceback.  Now one line."""
+    """Regression (attack): where memo's file could not be opened (`sh -s <
+    memo`, a link replaced as memo started), a traceback.  Now one line."""
     r = subprocess.run(["sh", "-s", "wake"], stdin=open(MEMO, "rb"), cwd=str(tmp_path),
                        env=env_for(tmp_path / "m"), capture_output=True, text=True)
     assert r.returncode == 1 and one_line(r.stderr), r
