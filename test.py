@@ -1878,6 +1878,29 @@ TORN = [  # bytes after 4 whole records, the last #3's: a torn write (dropped)?
 ]
 
 
+@pytest.mark.parametrize("cut", [100, 2])
+def test_a_torn_shape_that_summaries_cover_is_damage(tmp_path, cut):
+    """Regression (attack): a log cut inside its last memory, which a
+    summary covers (so memo had said Saved), had its tail dropped as a
+    torn write by the next note, which took that memory's id.  A tail that
+    summaries cover is damage; so is a level's that the level above stands
+    on (a TREE/2 cut inside 2-3, under 0-3), named with the forget that
+    frees it."""
+    d = make_store(tmp_path / "m", ["alpha one", "beta two"], tree={2: ["alpha and beta"]})
+    write(os.path.join(d, "LOG.txt"), log_bytes(d)[:2 * LOG - cut])
+    r = call(d, "note", "gamma three")
+    assert r.code == 1 and "which summaries cover" in r.err and one_line(r.err), r
+    assert len(log_bytes(d)) == 2 * LOG - cut
+    d = make_store(tmp_path / "t", ["event %d" % i for i in range(4)], tree=paid_tree(4))
+    level = os.path.join(d, "TREE", "2")
+    write(level, open(level, "rb").read()[:2 * TREE - cut])
+    v = call(d, "verify")
+    assert v.code == 1 and "Fix: memo forget 0-3, then memo sleep." in v.out, v
+    assert call(d, "forget", "0-3").code == 0
+    pay_all(d)
+    assert call(d, "verify").code == 0
+
+
 @pytest.mark.parametrize("tail, ok", TORN, ids=[repr(t[:20]) for t, _ in TORN])
 def test_a_torn_write_is_short_has_no_newline_and_follows_a_record_in_place(tail, ok):
     """What a writer may cut off a file: a tail shorter than a record but
