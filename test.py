@@ -1019,6 +1019,10 @@ def test_sleep_by_hand_keeps_the_agents_line(tmp_path, line):
 @pytest.mark.parametrize("line", [
     "Compress memories #0-1 into one line of at most 280 bytes.",
     "Compress memories #32-63 into one line of at most 280 bytes.",
+    # regression (attack): the same lines a little changed were saved
+    "Compress memories #0-1 into one line of at most 280 bytes", 'Run: memo sleep 0-1 "<your line>"',
+    "Run: memo sleep 0-1@abcdef12 <your line>", 'memo sleep 0-1@abcdef12 "<your line>"',
+    "Answer with that one line only", "Compress memories #0-1 into one line of",
     "Keep names, numbers, decisions and outcomes; invent nothing.",
     'Run: memo sleep 0-1@0c1f2e3d "<your line>"', "Answer with that one line only.",
     "1 compression remains after this one.", "12 compressions remain after this one."])
@@ -1145,7 +1149,10 @@ def test_sleep_exec_stops_on_an_answer_that_is_no_summary(tmp_path, answer, why)
     assert summary_of(d) is None
 
 
-@pytest.mark.parametrize("command", ["cat", "head -1", "sed -n 2p", "tail -1"])
+@pytest.mark.parametrize("command", ["cat", "head -1", "sed -n 2p", "tail -1",
+                                     # regression (attack): echoes a little changed
+                                     "sed 's/\\.$//'", "head -c 40", "sed 's/^/User: /'",
+                                     "sed 's/^/> /'", "tr a-z A-Z"])
 def test_sleep_exec_never_saves_memos_own_prompt(tmp_path, command):
     """Regression (issue 24): `--exec cat` (or `head -1`) saved the prompt's
     first line, `Compress memories #0-1 into one line ...`, as every
@@ -1163,14 +1170,23 @@ def test_sleep_exec_never_saves_memos_own_prompt(tmp_path, command):
 
 
 @pytest.mark.parametrize("memories, answer", [
+    # regression (attack): refused for want of a shared word
+    (["\U0001f389", "\U0001f680\u2705"], "\U0001f389"),
+    (["Deployed the Zurich service", "Rolled back the Paris cluster"], "Two deploys and one rollback"),
+    # regression (attack): the cleaning cut a real summary in its middle
+    (["the parser and tags", "model output"], "Parser now strips </think> tags from model output"),
+    (["report page", "element"], "Added <summary> element to the report page"),
+    (["Tagged a release", "1.4.2 is out"], "Tagged release #7 1.4.2"),
+    (["review done", "merged"], "PR #12 2026-01-05 merged after review"),
     (["修复了登录错误", "发布了版本"], "修复登录错误并发布"),
     (["Go 1.22 upgrade", "CI on Go"], "Moved to Go"),
     (["v2 shipped", "v3 planned"], "Released v2"),
     (["ссылка на документацию", "обновили зависимости"], "Обновили зависимости"),
     (["a", "b"], "A and b."), (["deployment failed", "retried"], "Two deployments"),
     (["supercalifragilistic", "x"], "supercalifrag")],
-    ids=["chinese", "two-letter-name", "version", "cyrillic-case", "one-letter-memories",
-         "plural", "cut-short"])
+    ids=["emoji", "deploys-deployed", "mid-line-think", "mid-line-summary-tag", "hash-version",
+         "hash-date", "chinese", "two-letter-name", "version", "cyrillic-case",
+         "one-letter-memories", "plural", "cut-short"])
 def test_sleep_exec_keeps_a_summary_sharing_a_word(tmp_path, memories, answer):
     """Issue 24: the test of substance refuses only an answer sharing no
     word with what the prompt showed: a script without spaces, a short
@@ -6002,7 +6018,11 @@ def test_a_long_line_ending_in_a_colon_is_a_summary_cut_short(store, tmp_path):
 
 @pytest.mark.parametrize("text", ["<your line>", "<one line>", " <your line> ",
                                   "<YOUR LINE>", '"<your line>"', "'<one line>'", "<text>",
-                                  "\u201c<line>\u201d"])
+                                  "\u201c<line>\u201d",
+                                  # regression (attack): a mark or a space more got in
+                                  "<your line>.", "\u00ab<your line>\u00bb", "(<your line>)",
+                                  "<your line>;", "<your  line>", "<text>!",
+                                  "<your line> <your line>"])
 def test_placeholders_are_refused(store, tmp_path, text):
     """Regression: an agent that ran `Run: memo sleep 2-3 "<your line>"`
     verbatim saved the blank itself as the summary.  The refusal says
