@@ -4709,9 +4709,10 @@ def test_a_full_life_of_1000_memories(store, tmp_path):
     assert memo.pending_count(store, T) == len(blocks.complete(T))
     assert memo.pending(store, T) == blocks.complete(T)
     r = call(store, "wake")
-    assert r.code == 1 and r.out.startswith(
-        "Cannot wake: %d compressions pending, and wake must show some of them. Pay the one "
-        "below, then run memo wake again." % 994)
+    assert r.code == 1 and re.match(
+        r"Cannot wake: it must show summaries not written yet, \d+ naps of the %d compressions "
+        r"pending\. Pay them in turn \(the first is below; memo sleep shows the next\), then "
+        r"run memo wake again\." % 994, r.out), r
     assert pay_all(store) == len(blocks.complete(T))
     assert memo.pending_count(store, T) == 0 and memo.pending(store, T) == []
     memo.PART_CHARS = 5000  # several parts
@@ -4808,14 +4809,34 @@ def test_the_nap_prompt_gives_its_order_first(tmp_path):
     assert "memo sleep %s - <<'EOF'" % out[order].split()[3] in out[order + 1], out
 
 
+@pytest.mark.parametrize("T, wake_lines", [(600, 208), (300, 20), (37, 8)])
+def test_cannot_wake_says_how_many_naps_it_waits_for(tmp_path, T, wake_lines):
+    """Regression (agent trial): after an import, `Cannot wake: 308
+    compressions pending. Do them` had an agent write all 308 by hand where
+    wake needed 177, and `some of them` gave no count.  It says how many
+    naps wake waits for: one fewer, it still cannot wake; that many, it
+    does."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(T)])
+    (tmp_path / "m" / "config").write_text("WAKE_LINES = %d\n" % wake_lines)
+    out = cli(d, "wake").out
+    need = int(re.match(r"Cannot wake: it must show summaries not written yet, (\d+) naps? ",
+                        out).group(1))
+    for k in range(need):
+        assert cli(d, "wake").code == 1 if k == need - 1 else True
+        r = call(d, "sleep")
+        order = re.search(r"^Run: memo sleep (\S+) ", r.out, re.M).group(1)
+        assert call(d, "sleep", order, "event paid").code == 0
+    assert cli(d, "wake").code == 0
+
+
 def test_one_pending_and_the_prompt(store, tmp_path):
     imported(store, tmp_path, 3)
     call(store, "note", "#3")
     memo.WAKE_LINES = 2
     r = call(store, "wake")
-    assert r.out.startswith("Cannot wake: 3 compressions pending, and wake must show some of "
-                            "them. Pay the one below, then run memo wake "
-                            "again."), r
+    assert r.out.startswith("Cannot wake: it must show summaries not written yet, 2 naps of "
+                            "the 3 compressions pending. Pay them in turn (the first is below; "
+                            "memo sleep shows the next), then run memo wake again."), r
     assert "None" not in r.out
     assert "  #0 2020-01-01 event 0 happened\n  #1 2020-01-01 event 1 happened" in r.out
     assert "2 compressions remain after this one." in r.out
@@ -5663,7 +5684,8 @@ def test_wake_reads_what_it_can(store):
                                      "You are awake.\n" % (memo.today(), memo.today())), r
     memo.WAKE_LINES = 1
     r = call(store, "wake")
-    assert r.code == 1 and r.out.startswith("Cannot wake: 1 compression pending, and wake must show it."), r
+    assert r.code == 1 and r.out.startswith("Cannot wake: it must show summaries not written "
+                                            "yet, 1 nap of the 1 compression pending."), r
 
 
 @pytest.mark.parametrize("args", [(), ("--max-bytes", "9000")])
@@ -6633,10 +6655,10 @@ def test_backlog_hint_past_64_naps(store, tmp_path, n, naps):
                                           "You are awake.\n" % (naps, hint)), w
     memo.WAKE_LINES = 10
     w = call(store, "wake")
-    assert w.code == 1 and w.out.startswith(
-        "Cannot wake: %d compressions pending, and wake must show some of them. Pay the one "
-        "below, then run memo wake again.\n"
-        "Compress memories #0-1 " % naps), w
+    assert w.code == 1 and re.match(
+        r"Cannot wake: it must show summaries not written yet, \d+ naps? of the %d "
+        r"compressions pending\. Pay .*, then run memo wake again\.\n"
+        r"Compress memories #0-1 " % naps, w.out), w
     assert w.out.endswith("then EOF.\n" + hint), w
 
 
