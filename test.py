@@ -5279,6 +5279,21 @@ def test_init_refuses_a_folder_whose_config_is_not_memos(tmp_path):
     assert os.listdir(str(d)) == ["config"]
 
 
+def test_init_and_the_commands_decide_alike_what_is_a_store(tmp_path):
+    """One function (Store.claim) decides whether a directory is a store,
+    for init as for every command: a project holding a `config` is refused
+    by both in the same words (init said it held none of memo's other
+    files, its own test of what a store is)."""
+    d = tmp_path / "project"
+    d.mkdir()
+    (d / "config").write_text("# settings\n")
+    (d / "README.md").write_text("# a project\n")
+    init, note = cli(d, "init"), cli(d, "note", "x")
+    assert init.code == note.code == 1 and one_line(init.err) and init.err == note.err, (
+        init, note)
+    assert sorted(os.listdir(str(d))) == ["README.md", "config"]
+
+
 def test_init_refuses_a_folder_of_other_files(tmp_path):
     """Regression (attack): `MEMORY_DIR=/ memo init` made / a store, beside
     everything there, then said `chmod -R go-rwx /`; so would $HOME (its
@@ -5538,9 +5553,9 @@ def test_a_loop_of_links_for_a_store_is_no_store(tmp_path):
     there is no store there, and memo says so."""
     loop = tmp_path / "L"
     os.symlink(str(loop), str(loop))
-    with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit):
+    with pytest.raises(memo.Refused) as e:  # said by the command layer
         memo.Store(str(loop))
-    assert err.getvalue().startswith("No memory at %s." % loop), err.getvalue()
+    assert str(e.value).startswith("No memory at %s." % loop), e.value
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, "SIGTERM"])
