@@ -3756,7 +3756,7 @@ def test_summaries_of_memories_gone_are_ignored_then_trimmed(tmp_path):
     write(os.path.join(d, "LOG.txt"), backup)
     v = call(d, "verify")
     # (regression, attack: it said "holds 8 summaries", all it held, as gone)
-    assert v.code == 1 and "TREE/2 holds 3 summaries of memories that are gone" in v.out, v
+    assert v.code == 1 and "TREE/2 holds 3 summaries of memories LOG.txt no longer has" in v.out, v
     r = call(d, "forget", "0-15")
     assert r.code == 1 and "nothing" in r.err.lower() or "no summary" in r.err, r
     assert call(d, "zoom", "8-15").out.count("not compressed yet") <= 1
@@ -4258,7 +4258,7 @@ def test_summaries_of_memories_gone_are_named_when_dropped(tmp_path):
     d = make_store(tmp_path / "m", ["event 0", "event 1"], tree={2: ["the two"]})
     os.truncate(os.path.join(d, "LOG.txt"), LOG)
     w = cli(d, "wake")
-    assert w.code == 0 and "TREE/2 holds 1 summaries of memories LOG.txt no longer has" in w.err
+    assert w.code == 0 and "TREE/2 holds 1 summary of memories LOG.txt no longer has" in w.err
     r = cli(d, "note", "after the restore")
     assert r.code == 0 and "dropped 1 summary of memories LOG.txt no longer has" in r.err, r
 
