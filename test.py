@@ -4093,7 +4093,7 @@ def test_damage_elsewhere_is_a_warning_after_the_save(tmp_path):
         f.write(bad)
     r = call(d, "note", "a new one")
     assert r.code == 0 and r.out == "Saved as #3.\n" and re.search(r"#0\b", r.err), r
-    assert r.err.startswith("Warning: ") and "restore it from a backup" in r.err  # (its fix)
+    assert r.err.startswith("Warning: ") and "restore LOG.txt from a backup" in r.err  # (its fix)
     after = log_bytes(d)
     assert after[:len(bad)] == bad and after[3 * LOG:].startswith(b"#3 ")
     s = call(d, "sleep")
@@ -5676,8 +5676,8 @@ def test_wake_shows_the_rest_of_a_damaged_memory(tmp_path, args):
     data = log_bytes(d)
     write(os.path.join(d, "LOG.txt"), _patch(data, 6 * LOG + len("#6 2020-01-01 e"), b"\xff"))
     r = cli(d, "wake", *args)
-    assert r.code == 1 and r.err == ("Memory #6 is not valid UTF-8. memo never rewrites "
-                                     "LOG.txt: restore it from a backup.\n"), r
+    assert r.code == 1 and r.err == ("Memory #6 is not valid UTF-8. Fix: restore LOG.txt "
+                                     "from a backup (memo never rewrites it).\n"), r
     assert "\n#6 cannot be shown: it is damaged (named below).\n#7 2020-01-01 event 7\n" \
         in r.out and r.out.startswith("Your memory, oldest first.\n#0 2020-01-01 event 0\n")
     assert r.out.endswith("You are awake.\n"), r
