@@ -3756,7 +3756,7 @@ def test_summaries_of_memories_gone_are_ignored_then_trimmed(tmp_path):
     write(os.path.join(d, "LOG.txt"), backup)
     v = call(d, "verify")
     # (regression, attack: it said "holds 8 summaries", all it held, as gone)
-    assert v.code == 1 and "TREE/2 holds 3 summaries of memories that are gone" in v.out, v
+    assert v.code == 1 and "TREE/2 holds 3 summaries of memories LOG.txt no longer has" in v.out, v
     r = call(d, "forget", "0-15")
     assert r.code == 1 and "nothing" in r.err.lower() or "no summary" in r.err, r
     assert call(d, "zoom", "8-15").out.count("not compressed yet") <= 1
@@ -4093,7 +4093,7 @@ def test_damage_elsewhere_is_a_warning_after_the_save(tmp_path):
         f.write(bad)
     r = call(d, "note", "a new one")
     assert r.code == 0 and r.out == "Saved as #3.\n" and re.search(r"#0\b", r.err), r
-    assert r.err.startswith("Warning: ") and "restore it from a backup" in r.err  # (its fix)
+    assert r.err.startswith("Warning: ") and "restore LOG.txt from a backup" in r.err  # (its fix)
     after = log_bytes(d)
     assert after[:len(bad)] == bad and after[3 * LOG:].startswith(b"#3 ")
     s = call(d, "sleep")
@@ -4258,7 +4258,7 @@ def test_summaries_of_memories_gone_are_named_when_dropped(tmp_path):
     d = make_store(tmp_path / "m", ["event 0", "event 1"], tree={2: ["the two"]})
     os.truncate(os.path.join(d, "LOG.txt"), LOG)
     w = cli(d, "wake")
-    assert w.code == 0 and "TREE/2 holds 1 summaries of memories LOG.txt no longer has" in w.err
+    assert w.code == 0 and "TREE/2 holds 1 summary of memories LOG.txt no longer has" in w.err
     r = cli(d, "note", "after the restore")
     assert r.code == 0 and "dropped 1 summary of memories LOG.txt no longer has" in r.err, r
 
@@ -5713,8 +5713,8 @@ def test_wake_shows_the_rest_of_a_damaged_memory(tmp_path, args):
     data = log_bytes(d)
     write(os.path.join(d, "LOG.txt"), _patch(data, 6 * LOG + len("#6 2020-01-01 e"), b"\xff"))
     r = cli(d, "wake", *args)
-    assert r.code == 1 and r.err == ("Memory #6 is not valid UTF-8. memo never rewrites "
-                                     "LOG.txt: restore it from a backup.\n"), r
+    assert r.code == 1 and r.err == ("Memory #6 is not valid UTF-8. Fix: restore LOG.txt "
+                                     "from a backup (memo never rewrites it).\n"), r
     assert "\n#6 cannot be shown: it is damaged (named below).\n#7 2020-01-01 event 7\n" \
         in r.out and r.out.startswith("Your memory, oldest first.\n#0 2020-01-01 event 0\n")
     assert r.out.endswith("You are awake.\n"), r
