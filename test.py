@@ -1250,7 +1250,7 @@ def test_a_summary_by_hand_is_saved_only_for_what_its_prompt_showed(tmp_path, na
         assert r.code == 0 and "0-31 saved." in r.out, r
         assert summary_of(d, 32) == "what 0-31 says"
     else:
-        assert r.code == 1 and "changed since that prompt" in r.out, r
+        assert r.code == 1 and "is not what that prompt showed" in r.out, r
         assert "Run: memo sleep 0-31@" in r.out and order not in r.out, r
         assert summary_of(d, 32) is None
 
@@ -2726,6 +2726,17 @@ def test_recall_that_finds_nothing_says_how_to_find_the_text(tmp_path):
     # a pattern that starts with a dash keeps its `--`; --all says it too (attack)
     assert call(d, "recall", "--", "-$5").err.endswith("memo recall -- '-\\$5'\n")
     assert call(d, "recall", "--all", "$x").err.endswith("memo recall '\\$x'\n")
+
+
+def test_a_bad_regex_says_how_to_find_it_as_text(tmp_path):
+    """Regression (agent trial): `memo recall 'median([])'` said only `Bad
+    regex ...: unterminated character set`, with no fix; it gives the
+    pattern that finds the text, which does."""
+    d = make_store(tmp_path / "m", ["fixed median([]) raising"])
+    r = call(d, "recall", "median([])")
+    assert r.code == 1 and one_line(r.err) and r.err.endswith(
+        "To find it as text: memo recall 'median\\(\\[\\]\\)'\n"), r
+    assert call(d, "recall", "median\\(\\[\\]\\)").out.endswith("1 match.\n")
 
 
 @pytest.mark.parametrize("pattern", ["(", "[", "a{3,1}", "(?<=a+)b", r"\p{L}", "(?L)a", "*",
@@ -6632,7 +6643,8 @@ def test_import_names_every_bad_line_in_one_run(store, tmp_path):
         name + " line 4: not a real date: expected `YYYY-MM-DD <text>`, got "
                "'2020-13-01 no such month'.",
         name + " line 6: <your line> is the blank in memo's orders, not text to keep: write "
-               "your own words in its place."], r
+               "your own words in its place.",
+        "Nothing was imported: mend those lines, then run this again."], r
     path.write_bytes(b"".join(b"2020-01-01 ok\nline %d\n" % i for i in range(25)))
     r = call(store, "import", str(path))
     lines = r.err.splitlines()
