@@ -4584,19 +4584,15 @@ def _redacting_store(d, T, redacting):
 
 @pytest.mark.parametrize("redacting", [None, 0, 5, 6, 99])
 def test_a_covers_reads_answer_as_one_block_at_a_time(tmp_path, redacting):
-    """Store.ends (one read where one block of a cover ends and the next
-    begins), Store.memory_rows (memories in a row read at once) and
-    cover_lines answer as Store.date, Store.memory and line do, block by
-    block, for covers of every budget, an unfinished redact's too."""
+    """Store.memory_rows (memories in a row read at once) and cover_lines
+    answer as Store.memory and line do, block by block, for covers of
+    every budget, an unfinished redact's too."""
     d = _redacting_store(str(tmp_path / "m"), 100, redacting)
     rng = random.Random(redacting)
     with memo.Store(d) as st:
         for T, budget in [(100, b) for b in (1, 2, 3, 7, 20, 60, 100, 200)] + [
                 (rng.randint(1, 100), rng.randint(1, 120)) for _ in range(30)]:
             cover = memo.blocks.cover(T, budget)
-            known = {i: st.date(i) for i in rng.sample(range(T), rng.randint(0, min(T, 9)))}
-            assert st.ends(cover, known) == [(st.date(lo), st.date(hi - 1))
-                                             for lo, hi in cover], (T, budget)
             ids = sorted(rng.sample(range(T), rng.randint(0, min(T, 12))))
             assert list(st.memory_rows(ids)) == [(i,) + st.memory(i) for i in ids], ids
             shown = [memo.line(st, block) for block in cover]
@@ -4617,39 +4613,6 @@ def test_memory_rows_reads_a_long_run_a_chunk_at_a_time(tmp_path, monkeypatch):
                             lambda fd, n, at: sizes.append(n) or pread(fd, n, at))
         assert list(st.memory_rows(list(range(40)))) == want
     assert sizes and max(sizes) == 3 * LOG, sizes
-
-
-SUMMARY_RECORDS = ["a plain summary", "  leading spaces", "caf\u00e9 na\u00efve \u2014 \U0001f600",
-                   "x" * 280, "tab\tinside", "trailing tab\t"]
-
-
-@pytest.mark.parametrize("how", [None] + list(SUMMARY_CORRUPTIONS) + [
-    "padding", "cut short", "no newline at the end"])
-def test_summary_texts_checks_a_level_as_parse_summary_does_each(how):
-    """summary_texts reads a level's records at once: it gives the texts
-    parse_summary gives one by one, or None where one of them is damaged
-    (parse_summary then names it)."""
-    for at in range(len(SUMMARY_RECORDS)):
-        records = [srec(text) for text in SUMMARY_RECORDS]
-        if how in SUMMARY_CORRUPTIONS:
-            records[at] = SUMMARY_CORRUPTIONS[how](records[at])
-        elif how == "padding":
-            records[at] = records[at][:TREE - 2] + b"x\n"
-        elif how == "cut short":
-            records[at] = records[at][:TREE - 1 - at]
-        elif how == "no newline at the end":
-            records[-1] = records[-1][:-1] + b" "
-        data = b"".join(records)
-        texts = memo.summary_texts(data)
-        if how is None:
-            assert texts == [memo.parse_summary(2 * k, 2 * k + 2, record)
-                             for k, record in enumerate(records)] == [
-                unicodedata.normalize("NFC", t).strip(" ") for t in SUMMARY_RECORDS]
-            return
-        assert texts is None, (how, at)
-        with pytest.raises(memo.Damaged):
-            for k in range(len(data) // TREE + 1):
-                memo.parse_summary(2 * k, 2 * k + 2, data[k * TREE:(k + 1) * TREE])
 
 
 @pytest.mark.parametrize("name", [".LOG.new", ".journal.new", ".stash/2-3.new", ".import.new"])
