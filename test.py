@@ -1894,6 +1894,21 @@ TORN = [  # bytes after 4 whole records, the last #3's: a torn write (dropped)?
 ]
 
 
+def test_a_summary_that_lost_its_newline_is_named_with_the_fix_that_keeps_it(tmp_path):
+    """Regression (attack): TREE/2's last summary cut of its newline was
+    hidden by wake (shown as not compressed, no word of it), and verify's
+    fix, `truncate`, deleted the summary.  Readers name it, and the fix
+    (printf a newline) keeps it."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(6)], tree=paid_tree(6))
+    level = os.path.join(d, "TREE", "2")
+    write(level, open(level, "rb").read()[:-1])
+    r = cli(d, "wake")
+    assert "TREE/2's last summary, 4-5, lost its newline. Fix: printf" in r.err, r
+    fix = call(d, "verify").out.split("Fix: ", 1)[1].split("\n")[0]
+    assert subprocess.run(fix, shell=True).returncode == 0
+    assert call(d, "verify").code == 0 and summary_of(d, 2, 2) == "sum 4-5"
+
+
 @pytest.mark.parametrize("cut", [100, 2])
 def test_a_torn_shape_that_summaries_cover_is_damage(tmp_path, cut):
     """Regression (attack): a log cut inside its last memory, which a
