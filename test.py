@@ -8210,7 +8210,7 @@ def test_readme_recipe_runs_on_this_repositorys_history(tmp_path):
         commits = len(f.read().splitlines())
     if log.returncode or not commits:
         pytest.skip("this clone has no history")
-    if not SLOW:  # its first 96 commits (line 85 among them): each nap of --exec costs five processes
+    if not SLOW:  # its first 96 commits (line 85 among them): a nap costs five processes
         with open(str(tmp_path / "history.txt"), "rb") as f:
             head = f.readlines()[:96]
         with open(str(tmp_path / "history.txt"), "wb") as f:
