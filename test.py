@@ -7700,8 +7700,11 @@ def test_forget_racing_sleep_leaves_a_consistent_store(tmp_path):
     rnd = random.Random(5)
     T = 64
     d = make_store(tmp_path / "m", ["event %d" % i for i in range(T)])
-    stop = time.monotonic() + (8 if SLOW else 0.6)
-    problems, forgot = [], []
+    # Counted, not timed (a 0.6 s window flaked under load): each forgetter
+    # runs its turns and goes on until some forget has raced a sleep; the
+    # sleepers run until the forgetters are done.
+    turns = 60 if SLOW else 6
+    problems, forgot, done = [], [], threading.Event()
 
     def run(args):
         p = subprocess.run([MEMO] + args, env=env_for(d), capture_output=True, timeout=60)
@@ -7712,22 +7715,27 @@ def test_forget_racing_sleep_leaves_a_consistent_store(tmp_path):
         return p
 
     def sleeper():
-        while time.monotonic() < stop:
+        while not done.is_set():
             p = run(["sleep", "--exec", "echo racing event summary"])
             if p.returncode:
                 problems.append(("sleep --exec failed", p.stderr[-300:]))
 
     def forgetter(seed):
         r = random.Random(seed)
-        while time.monotonic() < stop:
+        for turn in range(40 * turns):
+            if turn >= turns and forgot:
+                break
             size = 2 ** r.randrange(1, 7)
             lo = r.randrange(0, T // size) * size
             run(["forget", "%d-%d" % (lo, lo + size - 1)])
-    threads = [threading.Thread(target=sleeper) for _ in range(2)]
-    threads += [threading.Thread(target=forgetter, args=(rnd.random(),)) for _ in range(2)]
-    for t in threads:
+    sleepers = [threading.Thread(target=sleeper) for _ in range(2)]
+    forgetters = [threading.Thread(target=forgetter, args=(rnd.random(),)) for _ in range(2)]
+    for t in sleepers + forgetters:
         t.start()
-    for t in threads:
+    for t in forgetters:
+        t.join()
+    done.set()
+    for t in sleepers:
         t.join()
     assert not problems, problems[:3]
     assert forgot, "no forget ever raced a sleep"
