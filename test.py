@@ -5591,7 +5591,7 @@ def test_an_empty_home_is_refused(tmp_path):
     for args in (["wake"], ["note", "x"]):
         r = subprocess.run([MEMO] + args, env=env, capture_output=True, text=True)
         assert r.returncode == 1 and one_line(r.stderr), r
-        assert r.stderr.startswith("HOME is set but empty, so ~/memory names no directory"), r
+        assert r.stderr.startswith("~/memory names no directory") and "Fix: " in r.stderr, r
     d = make_store(tmp_path / "m", ["event 0"])
     r = subprocess.run([MEMO, "wake"], env=dict(env, MEMORY_DIR=d), capture_output=True,
                        text=True)
