@@ -323,9 +323,7 @@ def store(tmp_path):
     run the CLI); MEMORY_DIR points at it for in-process calls."""
     d = tmp_path / "mem"
     d.mkdir(mode=0o700)
-    fd = os.open(str(d), os.O_RDONLY)
-    memo.create_store(str(d), fd, [])
-    os.close(fd)
+    memo.init_store(str(d))
     old = os.environ.get("MEMORY_DIR")
     os.environ["MEMORY_DIR"] = str(d)
     yield str(d)
