@@ -5303,7 +5303,7 @@ def test_init_refuses_a_folder_of_other_files(tmp_path):
     assert sorted(os.listdir(str(home))) == [".bashrc", ".ssh"]
     assert cli("~/memory", "init", env={"HOME": str(home)}).code == 0  # the store, then ~
     r = cli("~", "init", env={"HOME": str(home)})
-    assert r.code == 1 and r.err.endswith("or to the store in %s.\n" % (home / "memory")), r
+    assert r.code == 1 and one_line(r.err) and str(home / "memory") in r.err, r
     (d / "notes.txt").unlink()
     (d / ".git").mkdir()
     r = cli(d, "init")
