@@ -2541,8 +2541,9 @@ def test_endless_stdin_is_refused_at_once(tmp_path, args, stream, says):
         r = result_of(p, out.read(), err.read())
     assert r.code == 1 and r.err.startswith(says), r
     if args[0] == "import" and "expected" in says:  # it names the first 20 bad lines
-        assert r.err.splitlines()[20:] == ["...and at least 980 more bad lines: memo stopped "
-                                           "reading at line 1000. Nothing was imported."], r
+        assert r.err.splitlines()[20:] == ["Nothing was imported: at least 1000 bad lines, "
+                                           "the first 20 above. Mend them, then run this "
+                                           "again."], r
     else:
         assert one_line(r.err), r
     assert "Traceback" not in r.err
@@ -6617,13 +6618,14 @@ def test_import_names_every_bad_line_in_one_run(store, tmp_path):
                "'2020-13-01 no such month'.",
         name + " line 6: <your line> is the blank in memo's orders, not text to keep: write "
                "your own words in its place.",
-        "Nothing was imported: mend those lines, then run this again."], r
+        "Nothing was imported: 3 bad lines. Mend them, then run this again."], r
     path.write_bytes(b"".join(b"2020-01-01 ok\nline %d\n" % i for i in range(25)))
     r = call(store, "import", str(path))
     lines = r.err.splitlines()
     assert r.code == 1 and len(lines) == 21 and lines[0].startswith(name + " line 2: ") and \
         lines[19].startswith(name + " line 40: "), r
-    assert lines[20] == "...and 5 more bad lines. Nothing was imported.", r
+    assert lines[20] == ("Nothing was imported: 25 bad lines, the first 20 above. Mend them, "
+                         "then run this again."), r
     assert log_bytes(store) == b"" and not os.path.exists(os.path.join(store, ".journal"))
 
 
