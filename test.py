@@ -4611,7 +4611,7 @@ def test_a_covers_reads_answer_as_one_block_at_a_time(tmp_path, redacting):
             cover = memo.blocks.cover(T, budget)
             ids = sorted(rng.sample(range(T), rng.randint(0, min(T, 12))))
             assert list(st.memory_rows(ids)) == [(i,) + st.memory(i) for i in ids], ids
-            shown = [memo.line(st, block) for block in cover]
+            shown = [memo.render(st, [block])[0] for block in cover]
             lines = memo.cover_lines(st, memo.Levels(st, T), cover)
             assert lines == (None if None in shown else shown), (T, budget)
 
@@ -5829,7 +5829,7 @@ def test_wake_max_bytes_is_the_finest_that_fits(tmp_path, pending):
         levels = memo.Levels(st, 300)
 
         def rendered(budget):
-            lines = [memo.line(st, b) for b in blocks.cover(300, budget)]
+            lines = memo.render(st, blocks.cover(300, budget))
             return len(("Your memory, oldest first.\n%s\nYou are awake.\n"
                         % "\n".join(lines)).encode())
         printable = [n for n in range(bin(300).count("1"), 61)
