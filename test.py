@@ -4601,7 +4601,7 @@ def _redacting_store(d, T, redacting):
 @pytest.mark.parametrize("redacting", [None, 0, 5, 6, 99])
 def test_a_covers_reads_answer_as_one_block_at_a_time(tmp_path, redacting):
     """Store.memory_rows (memories in a row read at once) and cover_lines
-    answer as Store.memory and line do, block by block, for covers of
+    answer as Store.memory and render do, block by block, for covers of
     every budget, an unfinished redact's too."""
     d = _redacting_store(str(tmp_path / "m"), 100, redacting)
     rng = random.Random(redacting)
