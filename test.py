@@ -517,6 +517,11 @@ def test_is_block(lo, hi, ok):
     assert blocks.is_block(lo, hi) is ok
 
 
+def test_module_offers_cover_as_optmem_did():
+    """README: Compatibility: OptMem's test suite calls cli.cover."""
+    assert memo.cover is memo.blocks.cover
+
+
 
 # ------------------------------------------------------------------------
 # Text: what may enter the store, and how it is shown
