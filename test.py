@@ -7565,7 +7565,7 @@ def test_sync_asks_macos_for_a_full_fsync(monkeypatch):
         calls.append(op)
         if refuse[0]:
             raise OSError(errno.ENOTSUP, "Operation not supported")
-    monkeypatch.setitem(sys.modules, "fcntl", types.SimpleNamespace(F_FULLFSYNC=51, fcntl=fcntl_))
+    monkeypatch.setattr(memo, "fcntl", types.SimpleNamespace(F_FULLFSYNC=51, fcntl=fcntl_))
     monkeypatch.setattr(memo.posix, "fsync", lambda fd: calls.append("fsync"))
     for platform, refused, want in (("darwin", False, [51]), ("darwin", True, [51, "fsync"]),
                                     ("linux", False, ["fsync"])):
