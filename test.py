@@ -5605,6 +5605,102 @@ def test_init_names_a_store_other_than_home(tmp_path):
     assert r.code == 0 and "set MEMORY_DIR='%s' for every memo command" % d in r.out, r
 
 
+# A store per project (README: Files): MEMORY_DIR, else the nearest .memo
+# from the working directory up, as git finds .git, else ~/memory.
+
+def in_project(cwd, *args, home, env=None, stdin=None):
+    """The real memo in `cwd`, with HOME=`home` and MEMORY_DIR unset (or as `env` says)."""
+    e = dict(BASE_ENV, HOME=str(home))
+    e.pop("MEMORY_DIR", None)
+    e.update(env or {})
+    r = subprocess.run([MEMO] + list(args), env=e, cwd=str(cwd), capture_output=True,
+                       text=True, input=stdin, timeout=60)
+    assert "Traceback" not in r.stderr, r
+    return r
+
+
+def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
+    """init --here makes ./.memo, private, and says how to keep it out of
+    version control; every command below it uses it, the nearest .memo
+    winning; wake's first line names it; help says which store and why;
+    outside a project, ~/memory is the store, unnamed."""
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    deep = proj / "src" / "deep"
+    deep.mkdir(parents=True)
+    home.mkdir()
+    r = in_project(proj, "init", "--here", home=home)
+    store = proj / ".memo"
+    assert r.returncode == 0 and "Created %s." % store in r.stdout, r
+    assert "echo .memo/ >> .gitignore" in r.stdout and "MEMORY_DIR" not in r.stdout, r
+    assert "Your memory is this project's, %s" % store in r.stdout, r
+    assert stat.S_IMODE(os.stat(str(store)).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(str(store / "LOG.txt")).st_mode) == 0o600
+    assert in_project(deep, "note", "kept in the project", home=home).returncode == 0
+    assert b"kept in the project" in log_bytes(store)
+    r = in_project(deep, "wake", home=home)
+    assert r.stdout.splitlines()[0] == "Your memory (%s), oldest first." % store, r
+    r = in_project(deep, "help", home=home)  # (wrapped: compared word by word)
+    assert "This directory's store: %s (the nearest .memo from here up)." % store in " ".join(
+        r.stdout.split())
+    inner = proj / "src" / ".memo"
+    assert in_project(inner.parent, "init", "--here", home=home).returncode == 0
+    assert in_project(deep, "note", "the nearest", home=home).returncode == 0
+    assert b"the nearest" in log_bytes(inner) and b"the nearest" not in log_bytes(store)
+    r = in_project(tmp_path, "wake", home=home)  # outside: ~/memory, which is not there
+    assert r.returncode == 1 and "No memory at %s" % (home / "memory") in r.stderr, r
+    assert "~/memory (no MEMORY_DIR; no .memo" in " ".join(
+        in_project(tmp_path, "help", home=home).stdout.split())
+    assert in_project(tmp_path, "init", home=home).returncode == 0
+    r = in_project(tmp_path, "wake", home=home)
+    assert r.returncode == 0 and r.stdout.startswith("No memories yet. Save"), r
+
+
+def test_memory_dir_wins_over_a_memo_above_it(tmp_path):
+    """MEMORY_DIR set, a .memo above the working directory is not used, and
+    init --here, whose store would go unused, is refused in one line."""
+    proj, home = tmp_path / "proj", tmp_path / "home"
+    d = make_store(tmp_path / "chosen")
+    make_store(proj / ".memo")
+    before = listing(proj)
+    env = {"MEMORY_DIR": d}
+    assert in_project(proj, "note", "chosen store", home=home, env=env).returncode == 0
+    assert b"chosen store" in log_bytes(d) and listing(proj) == before
+    r = in_project(proj, "wake", home=home, env=env)
+    assert r.stdout.startswith("Your memory, oldest first.\n"), r
+    assert "This directory's store: %s (MEMORY_DIR)." % d in " ".join(in_project(
+        proj, "help", home=home, env=env).stdout.split())
+    sub = proj / "sub"
+    sub.mkdir()
+    r = in_project(sub, "init", "--here", home=home, env=env)
+    assert r.returncode == 1 and one_line(r.stderr) and "unset MEMORY_DIR" in r.stderr, r
+    assert os.listdir(str(sub)) == []
+
+
+@pytest.mark.parametrize("what", ["file", "symlink to a store", "dangling symlink"])
+def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
+    """A .memo that is a file or a symlink is refused in one line by every
+    command that needs a store, init --here too, as every store file is:
+    never followed, nothing written through it."""
+    proj, home = tmp_path / "proj", tmp_path / "home"
+    sub = proj / "sub"
+    sub.mkdir(parents=True)
+    target = make_store(tmp_path / "elsewhere", ["event 0"])
+    before = store_bytes(target)
+    link = proj / ".memo"
+    if what == "file":
+        link.write_text("notes\n")
+    else:
+        os.symlink(target if what == "symlink to a store" else str(tmp_path / "none"), str(link))
+    kind = "a file" if what == "file" else "a symbolic link"
+    for args in (["wake"], ["note", "x"], ["recall", "x"], ["init", "--here"], ["init"]):
+        r = in_project(sub, *args, home=home)
+        assert r.returncode == 1 and one_line(r.stderr), (args, r)
+        assert r.stderr.startswith("%s is %s, not a directory" % (link, kind)), (args, r)
+    assert store_bytes(target) == before and os.listdir(str(sub)) == []
+    assert "is %s, not a directory" % kind in " ".join(
+        in_project(sub, "help", home=home).stdout.split())
+
+
 # ------------------------------------------------------------------------
 # Commands: wake (its parts, as every harness gets them: check_wake, with
 # the full life of 1,000 memories, in Scheduler)
