@@ -5701,6 +5701,62 @@ def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
         in_project(sub, "help", home=home).stdout.split())
 
 
+# wake --hook=<harness> (README: Use it with): what each harness's start-up
+# hook reads, within its cap, exit 0 whatever.
+
+HOOK_CAPS = {"claude": 10000, "codex": 2500 * 4, "gemini": 10000, "text": 10000}
+
+
+def hook_context(r, harness, event="SessionStart"):
+    """What harness `harness` reads of hook run `r`: the text, checked
+    against its format and its cap (characters; Codex's tokens at 4 bytes)."""
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r
+    if harness == "text":
+        text = r.stdout
+    else:  # JSON alone on stdout (Gemini), a valid hookSpecificOutput (Codex)
+        out = json.loads(r.stdout)
+        assert list(out) == ["hookSpecificOutput"], out
+        assert out["hookSpecificOutput"]["hookEventName"] == event, out
+        text = out["hookSpecificOutput"]["additionalContext"]
+    assert len(text) <= HOOK_CAPS[harness] and len(text.encode()) <= 9000, (harness, len(text))
+    return text
+
+
+@pytest.mark.parametrize("harness", sorted(HOOK_CAPS))
+def test_wake_hook_prints_what_each_harness_reads_within_its_cap(tmp_path, harness):
+    """The hook's stdin JSON's cwd picks the store (the project's .memo, or
+    ~/memory outside it); a memory far past the cap is the finest that fits,
+    saying how to read more; one that cannot wake, or no store, or no JSON,
+    is still exit 0, its text the nap to pay or the fix; a subagent is told
+    not to run memo."""
+    home, proj, other = tmp_path / "home", tmp_path / "proj", tmp_path / "other"
+    for d in (home, other):
+        d.mkdir()
+    texts = ["memory %d %s" % (i, "x" * 240) for i in range(2048)]
+    make_store(proj / ".memo", texts, tree=paid_tree(2048))
+    (proj / "src").mkdir()
+
+    def hook(payload, cwd=other):
+        return in_project(cwd, "wake", "--hook=" + harness, home=home, stdin=payload)
+    start = {"session_id": "s1", "transcript_path": str(tmp_path / "t.jsonl"),
+             "hook_event_name": "SessionStart", "source": "compact"}
+    text = hook_context(hook(json.dumps(dict(start, cwd=str(proj / "src")))), harness)
+    assert text.startswith("Your memory (%s), oldest first.\n#0-" % (proj / ".memo")), text
+    assert "You are awake.\nThis is your memory within" in text and "memo wake prints" in text
+    assert len(text.encode()) > 6000, "the finest memory that fits, not the coarsest"
+    text = hook_context(hook(json.dumps(dict(start, cwd=str(other)))), harness)
+    assert text.startswith("No memory at %s." % (home / "memory")), text
+    for payload in ("", "not json", "[1, 2]", json.dumps(dict(start, cwd=None))):
+        assert hook_context(hook(payload, cwd=proj), harness).startswith("Your memory (")
+    make_store(other / ".memo", texts)  # nothing summarized: Cannot wake, with the nap
+    text = hook_context(hook(json.dumps(dict(start, cwd=str(other)))), harness)
+    assert text.startswith("Cannot wake") and "\nRun: memo sleep 0-1@" in text, text
+    r = hook(json.dumps(dict(start, hook_event_name="SubagentStart", cwd=str(proj))))
+    assert "Don't run memo" in hook_context(r, harness, "SubagentStart")
+    r = in_project(other, "wake", "--hook=nosuch", home=home)
+    assert r.returncode == 1 and "--hook takes claude|codex|gemini|text" in r.stderr, r
+
+
 # ------------------------------------------------------------------------
 # Commands: wake (its parts, as every harness gets them: check_wake, with
 # the full life of 1,000 memories, in Scheduler)
