@@ -5757,6 +5757,147 @@ def test_wake_hook_prints_what_each_harness_reads_within_its_cap(tmp_path, harne
     assert r.returncode == 1 and "--hook takes claude|codex|gemini|text" in r.stderr, r
 
 
+def harness_run(args, cwd, env, until=None, seconds=120):
+    """Run a harness's CLI `args` in its own process group; its output, once
+    it exits, or once a line holds `until` (then the group is ended)."""
+    proc = subprocess.Popen(args, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    lines, deadline = [], time.monotonic() + seconds
+    try:
+        for line in iter(proc.stdout.readline, b""):
+            lines.append(line.decode("utf-8", "replace"))
+            if until and until in lines[-1] or time.monotonic() > deadline:
+                break
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        proc.stdout.close()
+    return "".join(lines)
+
+
+def fire_by_hand(command, cwd, env, event="SessionStart", **fields):
+    """Run a hook's `command` as its harness does: sh, the stdin JSON."""
+    payload = dict(session_id="s1", transcript_path=str(cwd) + "/t.jsonl", cwd=str(cwd),
+                   hook_event_name=event, source="startup", **fields)
+    return subprocess.run(["sh", "-c", command], input=json.dumps(payload), cwd="/",
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not SLOW, reason="installs three harnesses from npm: MEMO_SLOW=1")
+def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tmp_path):
+    """README: Use it with, run as a new user would: Claude Code, Codex and
+    Gemini CLI, from the npm registry, install memo from this clone with
+    the command README gives; what can be fired without a login is fired
+    (Claude Code's SessionStart by `claude -p`, before "Not logged in";
+    Gemini's by `gemini -p`), the rest run as the harness runs it; each
+    hook's output is that harness's format within its cap, in a project
+    with a .memo (its memory) and in one without (~/memory's)."""
+    if not (shutil.which("node") and shutil.which("npm")):
+        pytest.skip("needs node and npm")
+    prefix = tmp_path / "npm"
+    r = subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-fund", "--no-audit",
+                        "@anthropic-ai/claude-code", "@google/gemini-cli", "@openai/codex"],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.skip("npm cannot install the harnesses here: %s" % r.stderr[-300:])
+    home = tmp_path / "home"
+    (home / ".local" / "bin").mkdir(parents=True)
+    os.symlink(MEMO, str(home / ".local" / "bin" / "memo"))  # README: Set up's first line
+    env = dict(BASE_ENV, HOME=str(home), CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+               PATH=os.pathsep.join([str(home / ".local" / "bin"), str(prefix / "node_modules"
+                                                                      / ".bin"), BASE_ENV["PATH"]]))
+    env.pop("MEMORY_DIR", None)
+    for key in [k for k in env if k.startswith(("ANTHROPIC_", "OPENAI_", "GEMINI_", "GOOGLE_"))]:
+        del env[key]
+
+    def run(*args, cwd=HERE):
+        r = subprocess.run(list(args), cwd=str(cwd), env=env, capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, (args, r.stdout[-2000:], r.stderr[-2000:])
+        return r.stdout + r.stderr
+    proj, plain = tmp_path / "proj", tmp_path / "plain"
+    for d in (proj, plain):
+        d.mkdir()
+    run(MEMO, "init", "--here", cwd=proj)
+    run(MEMO, "note", "the project's own memory", cwd=proj)
+    run(MEMO, "init", cwd=plain)
+    run(MEMO, "note", "the home store's memory", cwd=plain)
+    heads = {proj: ("Your memory (%s), oldest first.\n" % (proj / ".memo"),
+                    "the project's own memory"),
+             plain: ("Your memory, oldest first.\n", "the home store's memory")}
+
+    def is_the_memory(text, cwd, cap):
+        assert len(text) <= cap and text.startswith(heads[cwd][0]), text
+        assert heads[cwd][1] in text and "You are awake." in text, text
+
+    # Claude Code: validate, add the marketplace, install, fire SessionStart
+    for where in (HERE, os.path.join(HERE, "harness", "claude")):
+        assert "Validation passed" in run("claude", "plugin", "validate", where)
+    run("claude", "plugin", "marketplace", "add", HERE)
+    run("claude", "plugin", "install", "memo@memo")
+    for cwd in (proj, plain):
+        out = harness_run(["claude", "-p", "hi", "--debug", "hooks"], cwd, env)
+        assert "Not logged in" in out, out[-2000:]
+        with open(str(home / ".claude" / "debug" / "latest"), encoding="utf-8") as f:
+            log = f.read()
+        assert "Hook SessionStart:startup (SessionStart) success" in log, log[-3000:]
+        fired = [json.loads(line) for line in log.splitlines()
+                 if line.startswith('{"hookSpecificOutput"')][-1]["hookSpecificOutput"]
+        assert fired["hookEventName"] == "SessionStart", fired
+        is_the_memory(fired["additionalContext"], cwd, 10000)
+    cache = home / ".claude" / "plugins" / "cache" / "memo" / "memo"
+    hooks = [str(cache / name) for name in os.listdir(str(cache))]
+    assert len(hooks) == 1 and run(os.path.join(hooks[0], "bin", "memo"), "--version")
+    r = fire_by_hand('"%s/bin/memo" wake --hook=claude' % hooks[0], proj, env,
+                     event="SubagentStart", agent_type="general-purpose")
+    assert "Don't run memo" in json.loads(r.stdout)["hookSpecificOutput"]["additionalContext"]
+
+    # Codex: add the marketplace, install; its hooks run once trusted in
+    # /hooks, so each is fired here as Codex runs it
+    run("codex", "plugin", "marketplace", "add", HERE)
+    run("codex", "plugin", "add", "memo@memo")
+    assert re.search(r"memo@memo\s+installed", run("codex", "plugin", "list")), "installed"
+    cache = home / ".codex" / "plugins" / "cache" / "memo" / "memo"
+    cached = [str(cache / name) for name in os.listdir(str(cache))]
+    with open(os.path.join(cached[0], "hooks", "codex.json"), encoding="utf-8") as f:
+        codex_hooks = json.load(f)["hooks"]
+    for cwd in (proj, plain):
+        for event, wanted in (("SessionStart", None), ("SubagentStart", "Don't run memo")):
+            command = codex_hooks[event][0]["hooks"][0]["command"]
+            r = fire_by_hand(command, cwd, env, event=event, model="gpt-5")
+            out = json.loads(r.stdout)["hookSpecificOutput"]
+            assert r.returncode == 0 and out["hookEventName"] == event, r
+            text = out["additionalContext"]
+            assert len(text.encode("utf-8")) <= 2500 * 4, len(text)
+            if wanted:
+                assert wanted in text
+            else:
+                is_the_memory(text, cwd, 10000)
+
+    # Gemini CLI: validate, link, fire SessionStart (a dummy key gets it
+    # that far), then run its hook as Gemini does: JSON alone on stdout
+    extension = os.path.join(HERE, "harness", "gemini")
+    assert "successfully validated" in run("gemini", "extensions", "validate", extension)
+    run("gemini", "extensions", "link", extension, "--consent")
+    with open(os.path.join(extension, "hooks", "hooks.json"), encoding="utf-8") as f:
+        command = json.load(f)["hooks"]["SessionStart"][0]["hooks"][0]["command"]
+    command = command.replace("${extensionPath}", extension)
+    for cwd in (proj, plain):
+        trusted = dict(env, GEMINI_API_KEY="x", GEMINI_CLI_TRUST_WORKSPACE="true")
+        out = harness_run(["gemini", "-p", "hi", "--debug"], cwd, trusted,
+                          until="Hook execution for SessionStart")
+        assert "Expanding hook command: %s (cwd: %s)" % (command, cwd) in out, out[-3000:]
+        assert "SessionStart: 1 hooks executed successfully" in out, out[-3000:]
+        r = fire_by_hand(command, cwd, env)
+        out = json.loads(r.stdout)  # JSON alone: anything else on stdout fails here
+        assert r.returncode == 0 and out["hookSpecificOutput"]["hookEventName"] == "SessionStart"
+        is_the_memory(out["hookSpecificOutput"]["additionalContext"], cwd, 10000)
+
+
 # ------------------------------------------------------------------------
 # Commands: wake (its parts, as every harness gets them: check_wake, with
 # the full life of 1,000 memories, in Scheduler)
