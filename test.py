@@ -5757,6 +5757,24 @@ def test_wake_hook_prints_what_each_harness_reads_within_its_cap(tmp_path, harne
     assert r.returncode == 1 and "--hook takes claude|codex|gemini|text" in r.stderr, r
 
 
+def test_wake_hook_past_its_cap_is_cut_at_a_line_and_says_so(tmp_path, monkeypatch, capsys):
+    """What a hook would print past its harness's cap (warnings, an over-long
+    Cannot wake) is cut at a line break, and the cut says how to read the
+    rest: never cut silently by the harness."""
+    tree = {size: [text + " " + "y" * 240 for text in texts]
+            for size, texts in paid_tree(64).items()}
+    d = make_store(tmp_path / "m", ["memory %d" % i for i in range(64)], tree=tree)
+    monkeypatch.setitem(memo.HOOKS, "text", 400)
+    monkeypatch.setenv("MEMORY_DIR", d)
+    monkeypatch.chdir(str(tmp_path))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"cwd": "/"}')))
+    memo.wake_hook("text")
+    out = capsys.readouterr().out
+    assert len(out.encode()) <= 400 and out.startswith("Your memory, oldest first.\n"), out
+    assert out.endswith("\n[cut here: run memo wake for the rest]\n"), out
+    assert os.getcwd() == "/"  # the hook's cwd (monkeypatch puts the test's back)
+
+
 def harness_run(args, cwd, env, until=None, seconds=120):
     """Run a harness's CLI `args` in its own process group; its output, once
     it exits, or once a line holds `until` (then the group is ended)."""
