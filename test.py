@@ -5701,8 +5701,8 @@ def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
         in_project(sub, "help", home=home).stdout.split())
 
 
-# wake --hook=<harness> (README: Use it with): what each harness's start-up
-# hook reads, within its cap, exit 0 whatever.
+# wake --hook=<harness> (README: Use it with your agent): what each
+# harness's start-up hook reads, within its cap, exit 0 whatever.
 
 HOOK_CAPS = {"claude": 10000, "codex": 2500 * 4, "gemini": 10000, "text": 10000}
 
@@ -5807,7 +5807,7 @@ def fire_by_hand(command, cwd, env, event="SessionStart", **fields):
 
 @pytest.mark.skipif(not SLOW, reason="installs three harnesses from npm: MEMO_SLOW=1")
 def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tmp_path):
-    """README: Use it with, run as a new user would: Claude Code, Codex and
+    """README: Use it with your agent, run as a new user would: Claude Code, Codex and
     Gemini CLI, from the npm registry, install memo from this clone with
     the command README gives; what can be fired without a login is fired
     (Claude Code's SessionStart by `claude -p`, before "Not logged in";
@@ -5825,9 +5825,9 @@ def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tm
     home = tmp_path / "home"
     (home / ".local" / "bin").mkdir(parents=True)
     os.symlink(MEMO, str(home / ".local" / "bin" / "memo"))  # README: Set up's first line
+    path = [str(home / ".local" / "bin"), str(prefix / "node_modules" / ".bin"), BASE_ENV["PATH"]]
     env = dict(BASE_ENV, HOME=str(home), CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-               PATH=os.pathsep.join([str(home / ".local" / "bin"), str(prefix / "node_modules"
-                                                                      / ".bin"), BASE_ENV["PATH"]]))
+               PATH=os.pathsep.join(path))
     env.pop("MEMORY_DIR", None)
     for key in [k for k in env if k.startswith(("ANTHROPIC_", "OPENAI_", "GEMINI_", "GOOGLE_"))]:
         del env[key]
