@@ -5882,7 +5882,8 @@ def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tm
     cache = home / ".codex" / "plugins" / "cache" / "memo" / "memo"
     cached = [str(cache / name) for name in os.listdir(str(cache))]
     with open(os.path.join(cached[0], "hooks", "codex.json"), encoding="utf-8") as f:
-        codex_hooks = json.load(f)["hooks"]
+        codex_hooks = json.load(f)["hooks"]  # (its plugin.json's: no hooks.json to find)
+    assert sorted(os.listdir(os.path.join(cached[0], "hooks"))) == ["claude.json", "codex.json"]
     for cwd in (proj, plain):
         for event, wanted in (("SessionStart", None), ("SubagentStart", "Don't run memo")):
             command = codex_hooks[event][0]["hooks"][0]["command"]
