@@ -5807,24 +5807,25 @@ def fire_by_hand(command, cwd, env, event="SessionStart", **fields):
 
 @pytest.mark.skipif(not SLOW, reason="installs three harnesses from npm: MEMO_SLOW=1")
 def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tmp_path):
-    """README: Use it with your agent, run as a new user would: Claude Code, Codex and
-    Gemini CLI, from the npm registry, install memo from this clone with
-    the command README gives; what can be fired without a login is fired
-    (Claude Code's SessionStart by `claude -p`, before "Not logged in";
-    Gemini's by `gemini -p`), the rest run as the harness runs it; each
-    hook's output is that harness's format within its cap, in a project
-    with a .memo (its memory) and in one without (~/memory's)."""
-    if not (shutil.which("node") and shutil.which("npm")):
-        pytest.skip("needs node and npm")
-    prefix = tmp_path / "npm"
+    """README: Use it with your agent, run as a new user would: in a fresh
+    clone, Set up's first line, then the install command README gives for
+    Claude Code, Codex and Gemini CLI (their CLIs from the npm registry);
+    what can be fired without a login is fired (Claude Code's SessionStart
+    by `claude -p`, before "Not logged in"; Gemini's by `gemini -p`), the
+    rest run as the harness runs it; each hook's output is that harness's
+    format within its cap, in a project with a .memo (its memory) and in
+    one without (~/memory's)."""
+    if not (shutil.which("node") and shutil.which("npm") and shutil.which("git")):
+        pytest.skip("needs node, npm and git")
+    prefix, clone, home = tmp_path / "npm", tmp_path / "clone", tmp_path / "home"
     r = subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-fund", "--no-audit",
                         "@anthropic-ai/claude-code", "@google/gemini-cli", "@openai/codex"],
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         pytest.skip("npm cannot install the harnesses here: %s" % r.stderr[-300:])
-    home = tmp_path / "home"
-    (home / ".local" / "bin").mkdir(parents=True)
-    os.symlink(MEMO, str(home / ".local" / "bin" / "memo"))  # README: Set up's first line
+    if subprocess.run(["git", "clone", "-q", HERE, str(clone)]).returncode != 0:
+        pytest.skip("this copy of memo is no clone of its own")
+    home.mkdir()
     path = [str(home / ".local" / "bin"), str(prefix / "node_modules" / ".bin"), BASE_ENV["PATH"]]
     env = dict(BASE_ENV, HOME=str(home), CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
                PATH=os.pathsep.join(path))
@@ -5832,18 +5833,21 @@ def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tm
     for key in [k for k in env if k.startswith(("ANTHROPIC_", "OPENAI_", "GEMINI_", "GOOGLE_"))]:
         del env[key]
 
-    def run(*args, cwd=HERE):
+    def run(*args, cwd=clone):
         r = subprocess.run(list(args), cwd=str(cwd), env=env, capture_output=True, text=True,
                            timeout=300, stdin=subprocess.DEVNULL)
         assert r.returncode == 0, (args, r.stdout[-2000:], r.stderr[-2000:])
         return r.stdout + r.stderr
+    section = readme().split("## Use it with your agent")[1].split("\n## ")[0]
+    install = {name: re.search(r"\*\*%s\*\*: `([^`]+)`" % name, section).group(1)
+               for name in ("Claude Code", "Codex", "Gemini CLI")}
+    run("bash", "-c", readme_recipe(r".*ln -sf .*memo init"))  # Set up: memo on PATH, ~/memory
     proj, plain = tmp_path / "proj", tmp_path / "plain"
     for d in (proj, plain):
         d.mkdir()
-    run(MEMO, "init", "--here", cwd=proj)
-    run(MEMO, "note", "the project's own memory", cwd=proj)
-    run(MEMO, "init", cwd=plain)
-    run(MEMO, "note", "the home store's memory", cwd=plain)
+    run("memo", "init", "--here", cwd=proj)
+    run("memo", "note", "the project's own memory", cwd=proj)
+    run("memo", "note", "the home store's memory", cwd=plain)
     heads = {proj: ("Your memory (%s), oldest first.\n" % (proj / ".memo"),
                     "the project's own memory"),
              plain: ("Your memory, oldest first.\n", "the home store's memory")}
@@ -5852,11 +5856,10 @@ def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tm
         assert len(text) <= cap and text.startswith(heads[cwd][0]), text
         assert heads[cwd][1] in text and "You are awake." in text, text
 
-    # Claude Code: validate, add the marketplace, install, fire SessionStart
-    for where in (HERE, os.path.join(HERE, "harness", "claude")):
-        assert "Validation passed" in run("claude", "plugin", "validate", where)
-    run("claude", "plugin", "marketplace", "add", HERE)
-    run("claude", "plugin", "install", "memo@memo")
+    # Claude Code: validate, install as README says, fire SessionStart
+    for where in (clone, clone / "harness" / "claude"):
+        assert "Validation passed" in run("claude", "plugin", "validate", str(where))
+    run("bash", "-c", install["Claude Code"])
     for cwd in (proj, plain):
         out = harness_run(["claude", "-p", "hi", "--debug", "hooks"], cwd, env)
         assert "Not logged in" in out, out[-2000:]
@@ -5868,16 +5871,15 @@ def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tm
         assert fired["hookEventName"] == "SessionStart", fired
         is_the_memory(fired["additionalContext"], cwd, 10000)
     cache = home / ".claude" / "plugins" / "cache" / "memo" / "memo"
-    hooks = [str(cache / name) for name in os.listdir(str(cache))]
-    assert len(hooks) == 1 and run(os.path.join(hooks[0], "bin", "memo"), "--version")
-    r = fire_by_hand('"%s/bin/memo" wake --hook=claude' % hooks[0], proj, env,
+    copies = [str(cache / name) for name in os.listdir(str(cache))]
+    assert len(copies) == 1 and run(os.path.join(copies[0], "bin", "memo"), "--version")
+    r = fire_by_hand('"%s/bin/memo" wake --hook=claude' % copies[0], proj, env,
                      event="SubagentStart", agent_type="general-purpose")
     assert "Don't run memo" in json.loads(r.stdout)["hookSpecificOutput"]["additionalContext"]
 
-    # Codex: add the marketplace, install; its hooks run once trusted in
-    # /hooks, so each is fired here as Codex runs it
-    run("codex", "plugin", "marketplace", "add", HERE)
-    run("codex", "plugin", "add", "memo@memo")
+    # Codex: install as README says; its hooks run once trusted in /hooks,
+    # so each is fired here as Codex runs it
+    run("bash", "-c", install["Codex"])
     assert re.search(r"memo@memo\s+installed", run("codex", "plugin", "list")), "installed"
     cache = home / ".codex" / "plugins" / "cache" / "memo" / "memo"
     cached = [str(cache / name) for name in os.listdir(str(cache))]
@@ -5897,11 +5899,12 @@ def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tm
             else:
                 is_the_memory(text, cwd, 10000)
 
-    # Gemini CLI: validate, link, fire SessionStart (a dummy key gets it
-    # that far), then run its hook as Gemini does: JSON alone on stdout
-    extension = os.path.join(HERE, "harness", "gemini")
+    # Gemini CLI: validate, install as README says, fire SessionStart (a
+    # dummy key gets it that far), then run its hook as Gemini does: JSON
+    # alone on stdout
+    extension = str(clone / "harness" / "gemini")
     assert "successfully validated" in run("gemini", "extensions", "validate", extension)
-    run("gemini", "extensions", "link", extension, "--consent")
+    run("bash", "-c", install["Gemini CLI"] + " --consent")  # (--consent: no terminal here)
     with open(os.path.join(extension, "hooks", "hooks.json"), encoding="utf-8") as f:
         command = json.load(f)["hooks"]["SessionStart"][0]["hooks"][0]["command"]
     command = command.replace("${extensionPath}", extension)
