@@ -2031,7 +2031,7 @@ def test_getenv_is_os_environ(monkeypatch):
         assert memo.getenv(name) == os.environ.get(name), name
 
 
-def test_is_dir_and_exists_are_os_paths(tmp_path):
+def test_exists_is_os_paths(tmp_path):
     """A file, a directory, links to each, a dangling link, a link loop,
     nothing, a path through a file, a path holding a zero byte."""
     (tmp_path / "f").write_text("x")
@@ -2040,7 +2040,7 @@ def test_is_dir_and_exists_are_os_paths(tmp_path):
         os.symlink(target, str(tmp_path / link))
     for name in ["f", "d", "lf", "ld", "dangling", "loop", "none", "f/x", "d/", "lf/", "a\0b"]:
         path = str(tmp_path / "x")[:-1] + name
-        assert memo.is_dir(path) == os.path.isdir(path), name
+        assert memo.exists(path, directory=True) == os.path.isdir(path), name
         assert memo.exists(path) == os.path.exists(path), name
         assert memo.exists(path, follow=False) == os.path.lexists(path), name
 
@@ -7881,7 +7881,7 @@ def test_sync_asks_macos_for_a_full_fsync(monkeypatch):
         calls.append(op)
         if refuse[0]:
             raise OSError(errno.ENOTSUP, "Operation not supported")
-    monkeypatch.setitem(sys.modules, "fcntl", types.SimpleNamespace(F_FULLFSYNC=51, fcntl=fcntl_))
+    monkeypatch.setattr(memo, "fcntl", types.SimpleNamespace(F_FULLFSYNC=51, fcntl=fcntl_))
     monkeypatch.setattr(memo.posix, "fsync", lambda fd: calls.append("fsync"))
     for platform, refused, want in (("darwin", False, [51]), ("darwin", True, [51, "fsync"]),
                                     ("linux", False, ["fsync"])):
