@@ -3171,7 +3171,7 @@ def test_an_empty_directory_is_a_valid_store(tmp_path):
     d = tmp_path / "bare"
     d.mkdir()
     r = cli(d, "wake")
-    assert r.code == 0 and "No memories yet." in r.out, r
+    assert r.code == 0 and "No memories yet (%s)." % d in r.out, r
     assert os.listdir(d) == [".lock"]
     hist = write_history(d / "history.txt", 3)
     r = cli(d, "import", hist)
@@ -4709,6 +4709,12 @@ def test_a_full_life_of_1000_memories(store, tmp_path):
     assert check_wake(store, T, "2020-01-01 event 999 happened") > 2
 
 
+def unnamed(out):
+    """wake's output without the store's name, which its first line gives
+    for every store but ~/memory (README: Files)."""
+    return re.sub(r"^(Your memory|No memories yet) \(.*?\)([,.])", r"\1\2", out, flags=re.M)
+
+
 def check_wake(d, T, newest):
     """Every part fits every harness, orders the next, and the last says awake."""
     lines, k = [], 1
@@ -4721,7 +4727,7 @@ def check_wake(d, T, newest):
         lines += [line for line in body if line.startswith("#")]
         if body[-1] == "You are awake.":
             break
-        assert body[0].startswith("Your memory, part %d of " % k)
+        assert unnamed(body[0]).startswith("Your memory, part %d of " % k)
         assert re.fullmatch(r"Run: memo wake %d %d [0-9a-f]{8}" % (k + 1, T), body[-1])
         k += 1
     assert len(lines) == min(T, memo.WAKE_LINES)
@@ -5601,6 +5607,321 @@ def test_init_names_a_store_other_than_home(tmp_path):
     assert r.code == 0 and "set MEMORY_DIR='%s' for every memo command" % d in r.out, r
 
 
+# A store per project (README: Files): MEMORY_DIR, else the nearest .memo
+# from the working directory up, as git finds .git, else ~/memory.
+
+def in_project(cwd, *args, home, env=None, stdin=None):
+    """The real memo in `cwd`, with HOME=`home` and MEMORY_DIR unset (or as `env` says)."""
+    e = dict(BASE_ENV, HOME=str(home))
+    e.pop("MEMORY_DIR", None)
+    e.update(env or {})
+    r = subprocess.run([MEMO] + list(args), env=e, cwd=str(cwd), capture_output=True,
+                       text=True, input=stdin, timeout=60)
+    assert "Traceback" not in r.stderr, r
+    return r
+
+
+def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
+    """init --here makes ./.memo, private, and says how to keep it out of
+    version control; every command below it uses it, the nearest .memo
+    winning; wake's first line names it; help says which store and why;
+    outside a project, ~/memory is the store, unnamed."""
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    deep = proj / "src" / "deep"
+    deep.mkdir(parents=True)
+    home.mkdir()
+    r = in_project(proj, "init", "--here", home=home)
+    store = proj / ".memo"
+    assert r.returncode == 0 and "Created %s." % store in r.stdout, r
+    assert "echo .memo/ >> .gitignore" in r.stdout and "MEMORY_DIR" not in r.stdout, r
+    assert "Your memory is this project's, %s" % store in r.stdout, r
+    assert stat.S_IMODE(os.stat(str(store)).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(str(store / "LOG.txt")).st_mode) == 0o600
+    assert in_project(deep, "note", "kept in the project", home=home).returncode == 0
+    assert b"kept in the project" in log_bytes(store)
+    r = in_project(deep, "wake", home=home)
+    assert r.stdout.splitlines()[0] == "Your memory (%s), oldest first." % store, r
+    r = in_project(deep, "help", home=home)  # (wrapped: compared word by word)
+    assert "This directory's store: %s (the nearest .memo from here up)." % store in " ".join(
+        r.stdout.split())
+    inner = proj / "src" / ".memo"
+    assert in_project(inner.parent, "init", "--here", home=home).returncode == 0
+    assert in_project(deep, "note", "the nearest", home=home).returncode == 0
+    assert b"the nearest" in log_bytes(inner) and b"the nearest" not in log_bytes(store)
+    r = in_project(tmp_path, "wake", home=home)  # outside: ~/memory, which is not there
+    assert r.returncode == 1 and "No memory at %s" % (home / "memory") in r.stderr, r
+    assert "~/memory (no MEMORY_DIR; no .memo" in " ".join(
+        in_project(tmp_path, "help", home=home).stdout.split())
+    assert in_project(tmp_path, "init", home=home).returncode == 0
+    r = in_project(tmp_path, "wake", home=home)
+    assert r.returncode == 0 and r.stdout.startswith("No memories yet. Save"), r
+
+
+def test_memory_dir_wins_over_a_memo_above_it(tmp_path):
+    """MEMORY_DIR set, a .memo above the working directory is not used, and
+    init --here, whose store would go unused, is refused in one line."""
+    proj, home = tmp_path / "proj", tmp_path / "home"
+    d = make_store(tmp_path / "chosen")
+    make_store(proj / ".memo")
+    before = listing(proj)
+    env = {"MEMORY_DIR": d}
+    assert in_project(proj, "note", "chosen store", home=home, env=env).returncode == 0
+    assert b"chosen store" in log_bytes(d) and listing(proj) == before
+    r = in_project(proj, "wake", home=home, env=env)
+    assert r.stdout.startswith("Your memory (%s), oldest first.\n" % d), r
+    assert "This directory's store: %s (MEMORY_DIR)." % d in " ".join(in_project(
+        proj, "help", home=home, env=env).stdout.split())
+    sub = proj / "sub"
+    sub.mkdir()
+    r = in_project(sub, "init", "--here", home=home, env=env)
+    assert r.returncode == 1 and one_line(r.stderr) and "unset MEMORY_DIR" in r.stderr, r
+    assert os.listdir(str(sub)) == []
+
+
+@pytest.mark.parametrize("what", ["file", "symlink to a store", "dangling symlink"])
+def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
+    """A .memo that is a file or a symlink is refused in one line by every
+    command that needs a store, init --here too, as every store file is:
+    never followed, nothing written through it."""
+    proj, home = tmp_path / "proj", tmp_path / "home"
+    sub = proj / "sub"
+    sub.mkdir(parents=True)
+    target = make_store(tmp_path / "elsewhere", ["event 0"])
+    before = store_bytes(target)
+    link = proj / ".memo"
+    if what == "file":
+        link.write_text("notes\n")
+    else:
+        os.symlink(target if what == "symlink to a store" else str(tmp_path / "none"), str(link))
+    kind = "a file" if what == "file" else "a symbolic link"
+    for args in (["wake"], ["note", "x"], ["recall", "x"], ["init", "--here"], ["init"]):
+        r = in_project(sub, *args, home=home)
+        assert r.returncode == 1 and one_line(r.stderr), (args, r)
+        assert r.stderr.startswith("%s is %s, not a directory" % (link, kind)), (args, r)
+    assert store_bytes(target) == before and os.listdir(str(sub)) == []
+    assert "is %s, not a directory" % kind in " ".join(
+        in_project(sub, "help", home=home).stdout.split())
+
+
+# wake --hook=<harness> (README: Use it with your agent): what each
+# harness's start-up hook reads, within its cap, exit 0 whatever.
+
+HOOK_CAPS = {"claude": 10000, "codex": 2500 * 4, "gemini": 10000, "text": 10000}
+
+
+def hook_context(r, harness, event="SessionStart"):
+    """What harness `harness` reads of hook run `r`: the text, checked
+    against its format and its cap (characters; Codex's tokens at 4 bytes)."""
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r
+    if harness == "text":
+        text = r.stdout
+    else:  # JSON alone on stdout (Gemini), a valid hookSpecificOutput (Codex)
+        out = json.loads(r.stdout)
+        assert list(out) == ["hookSpecificOutput"], out
+        assert out["hookSpecificOutput"]["hookEventName"] == event, out
+        text = out["hookSpecificOutput"]["additionalContext"]
+    assert len(text) <= HOOK_CAPS[harness] and len(text.encode()) <= 9000, (harness, len(text))
+    return text
+
+
+@pytest.mark.parametrize("harness", sorted(HOOK_CAPS))
+def test_wake_hook_prints_what_each_harness_reads_within_its_cap(tmp_path, harness):
+    """The hook's stdin JSON's cwd picks the store (the project's .memo, or
+    ~/memory outside it); a memory far past the cap is the finest that fits,
+    saying how to read more; one that cannot wake, or no store, or no JSON,
+    is still exit 0, its text the nap to pay or the fix; a subagent is told
+    not to run memo."""
+    home, proj, other = tmp_path / "home", tmp_path / "proj", tmp_path / "other"
+    for d in (home, other):
+        d.mkdir()
+    texts = ["memory %d %s" % (i, "x" * 240) for i in range(2048)]
+    make_store(proj / ".memo", texts, tree=paid_tree(2048))
+    (proj / "src").mkdir()
+
+    def hook(payload, cwd=other):
+        return in_project(cwd, "wake", "--hook=" + harness, home=home, stdin=payload)
+    start = {"session_id": "s1", "transcript_path": str(tmp_path / "t.jsonl"),
+             "hook_event_name": "SessionStart", "source": "compact"}
+    text = hook_context(hook(json.dumps(dict(start, cwd=str(proj / "src")))), harness)
+    assert text.startswith("Your memory (%s), oldest first.\n#0-" % (proj / ".memo")), text
+    assert "You are awake.\nThis is your memory within" in text and "memo wake prints" in text
+    assert len(text.encode()) > 6000, "the finest memory that fits, not the coarsest"
+    text = hook_context(hook(json.dumps(dict(start, cwd=str(other)))), harness)
+    assert text.startswith("No memory at %s." % (home / "memory")), text
+    for payload in ("", "not json", "[1, 2]", json.dumps(dict(start, cwd=None))):
+        assert hook_context(hook(payload, cwd=proj), harness).startswith("Your memory (")
+    make_store(other / ".memo", texts)  # nothing summarized: Cannot wake, with the nap
+    text = hook_context(hook(json.dumps(dict(start, cwd=str(other)))), harness)
+    assert text.startswith("Cannot wake") and "\nRun: memo sleep 0-1@" in text, text
+    r = hook(json.dumps(dict(start, hook_event_name="SubagentStart", cwd=str(proj))))
+    assert "Don't run memo" in hook_context(r, harness, "SubagentStart")
+    r = in_project(other, "wake", "--hook=nosuch", home=home)
+    assert r.returncode == 1 and "--hook takes claude|codex|gemini|text" in r.stderr, r
+
+
+def test_wake_hook_past_its_cap_is_cut_at_a_line_and_says_so(tmp_path, monkeypatch, capsys):
+    """What a hook would print past its harness's cap (warnings, an over-long
+    Cannot wake) is cut at a line break, and the cut says how to read the
+    rest: never cut silently by the harness."""
+    tree = {size: [text + " " + "y" * 240 for text in texts]
+            for size, texts in paid_tree(64).items()}
+    d = make_store(tmp_path / "m", ["memory %d" % i for i in range(64)], tree=tree)
+    monkeypatch.setitem(memo.HOOKS, "text", 400)
+    monkeypatch.setenv("MEMORY_DIR", d)
+    monkeypatch.chdir(str(tmp_path))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"cwd": "/"}')))
+    memo.wake_hook("text")
+    out = capsys.readouterr().out
+    assert len(out.encode()) <= 400 and out.startswith("Your memory (%s), oldest first.\n" % d)
+    assert out.endswith("\n[cut here: run memo wake for the rest]\n"), out
+    assert os.getcwd() == "/"  # the hook's cwd (monkeypatch puts the test's back)
+
+
+def harness_run(args, cwd, env, until=None, seconds=120):
+    """Run a harness's CLI `args` in its own process group; its output, once
+    it exits, or once a line holds `until` (then the group is ended)."""
+    proc = subprocess.Popen(args, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    lines, deadline = [], time.monotonic() + seconds
+    try:
+        for line in iter(proc.stdout.readline, b""):
+            lines.append(line.decode("utf-8", "replace"))
+            if until and until in lines[-1] or time.monotonic() > deadline:
+                break
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        proc.stdout.close()
+    return "".join(lines)
+
+
+def fire_by_hand(command, cwd, env, event="SessionStart", **fields):
+    """Run a hook's `command` as its harness does: sh, the stdin JSON."""
+    payload = dict(session_id="s1", transcript_path=str(cwd) + "/t.jsonl", cwd=str(cwd),
+                   hook_event_name=event, source="startup", **fields)
+    return subprocess.run(["sh", "-c", command], input=json.dumps(payload), cwd="/",
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not SLOW, reason="installs three harnesses from npm: MEMO_SLOW=1")
+def test_each_harness_installs_memo_from_the_clone_and_starts_with_the_memory(tmp_path):
+    """README: Use it with your agent, run as a new user would: in a fresh
+    clone, Set up's first line, then the install command README gives for
+    Claude Code, Codex and Gemini CLI (their CLIs from the npm registry);
+    what can be fired without a login is fired (Claude Code's SessionStart
+    by `claude -p`, before "Not logged in"; Gemini's by `gemini -p`), the
+    rest run as the harness runs it; each hook's output is that harness's
+    format within its cap, in a project with a .memo (its memory) and in
+    one without (~/memory's)."""
+    if not (shutil.which("node") and shutil.which("npm") and shutil.which("git")):
+        pytest.skip("needs node, npm and git")
+    prefix, clone, home = tmp_path / "npm", tmp_path / "clone", tmp_path / "home"
+    r = subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-fund", "--no-audit",
+                        "@anthropic-ai/claude-code", "@google/gemini-cli", "@openai/codex"],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.skip("npm cannot install the harnesses here: %s" % r.stderr[-300:])
+    if subprocess.run(["git", "clone", "-q", HERE, str(clone)]).returncode != 0:
+        pytest.skip("this copy of memo is no clone of its own")
+    home.mkdir()
+    path = [str(home / ".local" / "bin"), str(prefix / "node_modules" / ".bin"), BASE_ENV["PATH"]]
+    env = dict(BASE_ENV, HOME=str(home), CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+               PATH=os.pathsep.join(path))
+    env.pop("MEMORY_DIR", None)
+    for key in [k for k in env if k.startswith(("ANTHROPIC_", "OPENAI_", "GEMINI_", "GOOGLE_"))]:
+        del env[key]
+
+    def run(*args, cwd=clone):
+        r = subprocess.run(list(args), cwd=str(cwd), env=env, capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, (args, r.stdout[-2000:], r.stderr[-2000:])
+        return r.stdout + r.stderr
+    section = readme().split("## Use it with your agent")[1].split("\n## ")[0]
+    install = {name: re.search(r"\*\*%s\*\*: `([^`]+)`" % name, section).group(1)
+               for name in ("Claude Code", "Codex", "Gemini CLI")}
+    run("bash", "-c", readme_recipe(r".*ln -sf .*memo init"))  # Set up: memo on PATH, ~/memory
+    proj, plain = tmp_path / "proj", tmp_path / "plain"
+    for d in (proj, plain):
+        d.mkdir()
+    run("memo", "init", "--here", cwd=proj)
+    run("memo", "note", "the project's own memory", cwd=proj)
+    run("memo", "note", "the home store's memory", cwd=plain)
+    heads = {proj: ("Your memory (%s), oldest first.\n" % (proj / ".memo"),
+                    "the project's own memory"),
+             plain: ("Your memory, oldest first.\n", "the home store's memory")}
+
+    def is_the_memory(text, cwd, cap):
+        assert len(text) <= cap and text.startswith(heads[cwd][0]), text
+        assert heads[cwd][1] in text and "You are awake." in text, text
+
+    # Claude Code: validate, install as README says, fire SessionStart
+    for where in (clone, clone / "harness" / "claude"):
+        assert "Validation passed" in run("claude", "plugin", "validate", str(where))
+    run("bash", "-c", install["Claude Code"])
+    for cwd in (proj, plain):
+        out = harness_run(["claude", "-p", "hi", "--debug", "hooks"], cwd, env)
+        assert "Not logged in" in out, out[-2000:]
+        with open(str(home / ".claude" / "debug" / "latest"), encoding="utf-8") as f:
+            log = f.read()
+        assert "Hook SessionStart:startup (SessionStart) success" in log, log[-3000:]
+        fired = [json.loads(line) for line in log.splitlines()
+                 if line.startswith('{"hookSpecificOutput"')][-1]["hookSpecificOutput"]
+        assert fired["hookEventName"] == "SessionStart", fired
+        is_the_memory(fired["additionalContext"], cwd, 10000)
+    cache = home / ".claude" / "plugins" / "cache" / "memo" / "memo"
+    copies = [str(cache / name) for name in os.listdir(str(cache))]
+    assert len(copies) == 1 and run(os.path.join(copies[0], "bin", "memo"), "--version")
+    r = fire_by_hand('"%s/bin/memo" wake --hook=claude' % copies[0], proj, env,
+                     event="SubagentStart", agent_type="general-purpose")
+    assert "Don't run memo" in json.loads(r.stdout)["hookSpecificOutput"]["additionalContext"]
+
+    # Codex: install as README says; its hooks run once trusted in /hooks,
+    # so each is fired here as Codex runs it
+    run("bash", "-c", install["Codex"])
+    assert re.search(r"memo@memo\s+installed", run("codex", "plugin", "list")), "installed"
+    cache = home / ".codex" / "plugins" / "cache" / "memo" / "memo"
+    cached = [str(cache / name) for name in os.listdir(str(cache))]
+    with open(os.path.join(cached[0], "hooks", "codex.json"), encoding="utf-8") as f:
+        codex_hooks = json.load(f)["hooks"]  # (its plugin.json's: no hooks.json to find)
+    assert sorted(os.listdir(os.path.join(cached[0], "hooks"))) == ["claude.json", "codex.json"]
+    for cwd in (proj, plain):
+        for event, wanted in (("SessionStart", None), ("SubagentStart", "Don't run memo")):
+            command = codex_hooks[event][0]["hooks"][0]["command"]
+            r = fire_by_hand(command, cwd, env, event=event, model="gpt-5")
+            out = json.loads(r.stdout)["hookSpecificOutput"]
+            assert r.returncode == 0 and out["hookEventName"] == event, r
+            text = out["additionalContext"]
+            assert len(text.encode("utf-8")) <= 2500 * 4, len(text)
+            if wanted:
+                assert wanted in text
+            else:
+                is_the_memory(text, cwd, 10000)
+
+    # Gemini CLI: validate, install as README says, fire SessionStart (a
+    # dummy key gets it that far), then run its hook as Gemini does: JSON
+    # alone on stdout
+    extension = str(clone / "harness" / "gemini")
+    assert "successfully validated" in run("gemini", "extensions", "validate", extension)
+    run("bash", "-c", install["Gemini CLI"] + " --consent")  # (--consent: no terminal here)
+    with open(os.path.join(extension, "hooks", "hooks.json"), encoding="utf-8") as f:
+        command = json.load(f)["hooks"]["SessionStart"][0]["hooks"][0]["command"]
+    command = command.replace("${extensionPath}", extension)
+    for cwd in (proj, plain):
+        trusted = dict(env, GEMINI_API_KEY="x", GEMINI_CLI_TRUST_WORKSPACE="true")
+        out = harness_run(["gemini", "-p", "hi", "--debug"], cwd, trusted,
+                          until="Hook execution for SessionStart")
+        assert "Expanding hook command: %s (cwd: %s)" % (command, cwd) in out, out[-3000:]
+        assert "SessionStart: 1 hooks executed successfully" in out, out[-3000:]
+        r = fire_by_hand(command, cwd, env)
+        out = json.loads(r.stdout)  # JSON alone: anything else on stdout fails here
+        assert r.returncode == 0 and out["hookSpecificOutput"]["hookEventName"] == "SessionStart"
+        is_the_memory(out["hookSpecificOutput"]["additionalContext"], cwd, 10000)
+
+
 # ------------------------------------------------------------------------
 # Commands: wake (its parts, as every harness gets them: check_wake, with
 # the full life of 1,000 memories, in Scheduler)
@@ -5635,7 +5956,7 @@ def test_wake_of_an_older_T_reads_no_later_memory(tmp_path):
         f.seek(36 * LOG)
         f.write(b"X")
     r = cli(d, "wake", "1", "36")
-    assert r.code == 0 and r.out == ("Your memory, oldest first.\n#0-31 %s sum 0-31\n"
+    assert r.code == 0 and unnamed(r.out) == ("Your memory, oldest first.\n#0-31 %s sum 0-31\n"
                                      "#32-35 %s sum 32-35\nYou are awake.\n" % (DAY, DAY)), r
 
 
@@ -5680,7 +6001,7 @@ def test_wake_reads_what_it_can(store):
     call(store, "note", "a")
     call(store, "note", "b")
     r = call(store, "wake")
-    assert r.code == 0 and r.out == ("Your memory, oldest first.\n#0 %s a\n#1 %s b\n"
+    assert r.code == 0 and unnamed(r.out) == ("Your memory, oldest first.\n#0 %s a\n#1 %s b\n"
                                      "1 compression pending.\nRun: memo sleep\n"
                                      "You are awake.\n" % (memo.today(), memo.today())), r
     memo.WAKE_LINES = 1
@@ -5702,7 +6023,7 @@ def test_wake_shows_the_rest_of_a_damaged_memory(tmp_path, args):
     assert r.code == 1 and r.err == ("Memory #6 is not valid UTF-8. Fix: restore LOG.txt "
                                      "from a backup (memo never rewrites it).\n"), r
     assert "\n#6 cannot be shown: it is damaged (named below).\n#7 2020-01-01 event 7\n" \
-        in r.out and r.out.startswith("Your memory, oldest first.\n#0 2020-01-01 event 0\n")
+        in r.out and unnamed(r.out).startswith("Your memory, oldest first.\n#0 2020-01-01 event 0\n")
     assert r.out.endswith("You are awake.\n"), r
     write(os.path.join(d, "LOG.txt"), data)
     tree = os.path.join(d, "TREE", "4")
@@ -5786,7 +6107,8 @@ def test_wake_bad_part_or_T(store, tmp_path, args, why):
 
 def test_wake_empty_and_missing(store, tmp_path):
     r = call(store, "wake")
-    assert r.code == 0 and "No memories yet." in r.out and r.out.endswith("You are awake.\n")
+    assert r.code == 0 and "No memories yet (%s)." % store in r.out
+    assert r.out.endswith("You are awake.\n")
     missing = str(tmp_path / "typo")
     r = cli(missing, "wake")
     assert r.code == 1 and "No memory at %s." % missing in r.err and "memo init" in r.err
