@@ -7617,10 +7617,10 @@ def test_sync_says_what_is_wrong_in_one_line_with_its_fix(tmp_path):
     a = str(root / "a")
     call(a, "note", "kept")
     bare = make_store(tmp_path / "bare", ["x"])
-    cases = [(bare, {}, "is not a git repository. Fix: memo init --git <remote>")]
+    cases = [(bare, {}, "has no git remote named origin. Fix: memo init --git <remote>")]
     subprocess.run(["git", "-C", a, "remote", "set-url", "origin", "../nowhere.git"], check=True)
-    cases.append((a, {}, "does not appear to be a git repository. Fix: check the remote's "
-                         "address: git -C"))
+    cases.append((a, {}, "does not appear to be a git repository. Fix: check the remote (git "
+                         "-C"))
     only = tmp_path / "bin"
     only.mkdir()
     os.symlink(sys.executable, str(only / "python3"))
@@ -7636,7 +7636,7 @@ def test_sync_says_what_is_wrong_in_one_line_with_its_fix(tmp_path):
     assert r.code == 1 and one_line(r.err) and "remote set-url origin" in r.err, r
     subprocess.run(["git", "-C", a, "remote", "remove", "origin"], check=True)
     r = cli(a, "sync")
-    assert r.code == 1 and "has no git remote named origin. Fix: git -C" in r.err, r
+    assert r.code == 1 and "has no git remote named origin. Fix: memo init --git" in r.err, r
     subprocess.run(["git", "-C", a, "remote", "add", "origin", "../remote.git"], check=True)
     synced(root, "a")
     c = tmp_path / "c"  # another store pushed over memo's branch by hand
