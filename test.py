@@ -7479,7 +7479,7 @@ def sync_world(tmp_path, seed, steps, k=3):
 @needs_git
 @pytest.mark.parametrize("seed", range(12) if SLOW else [1])
 def test_machines_synced_in_any_order_keep_every_memory_once(tmp_path, seed):
-    sync_world(tmp_path, seed, 400 if SLOW else 20)
+    sync_world(tmp_path, seed, 400 if SLOW else 6, 3 if SLOW else 2)
 
 
 def world(tmp_path, names=("a", "b")):
