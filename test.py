@@ -6877,8 +6877,8 @@ def test_forget_all_killed_at_any_step_leaves_every_summary_on_its_halves(tmp_pa
 
 
 @pytest.mark.parametrize("bid,why", [("17-32", "Not a block"), ("abc", "block id"),
-                                     ("64-127", "beyond the memory"), ("3-4", "Not a block"),
-                                     ("0-15", "beyond the memory")])
+                                     ("64-127", "no summary to forget"), ("3-4", "Not a block"),
+                                     ("0-15", "no summary to forget")])
 def test_forget_errors(store, tmp_path, bid, why):
     imported(store, tmp_path, 8)
     pay_all(store)
