@@ -8372,6 +8372,15 @@ def readme():
         return f.read()
 
 
+def test_readme_stays_a_manual_a_newcomer_reads():
+    """Issue 26: README had grown to 457 lines, four times what a newcomer
+    reads first.  It stays at most 250 lines, its first screen the set-up
+    and a first session."""
+    text = readme()
+    assert len(text.splitlines()) <= 250
+    assert text.index("## Set up") < text.index("## A first session") < text.index("## Commands")
+
+
 def test_every_list_of_every_command_comes_from_the_command_table():
     """Issue 26: test.py's lists of "every command" were written by hand,
     and nothing checked them against the command table (a new command
