@@ -2404,6 +2404,18 @@ def test_sleep_exec_gives_its_command_no_terminal(tmp_path):
     assert time.monotonic() - start < 10 and b"Paid 1 compression" in out, out
 
 
+def test_sleep_exec_feeds_its_command_from_inside_the_store(store, tmp_path, monkeypatch):
+    """A nap's prompt (memories) reaches its command through an unlinked
+    file in the store, never the temporary directory: memo writes nowhere
+    else (README: Guarantees).  A temporary directory that is gone costs
+    nothing."""
+    import tempfile
+    imported(store, tmp_path, 2)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    r = call(store, "sleep", "--exec", "cat > /dev/null; echo event summary")
+    assert r.code == 0 and memo.pending_count(store, 2) == 0, r
+
+
 def test_sleep_exec_reads_until_the_command_exits(tmp_path):
     """Regression, issue 10 §2: `memo sleep --exec 'echo "event a and b";
     (sleep 600 &)'` hung 10 minutes: memo read until every holder of the
