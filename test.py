@@ -6113,8 +6113,8 @@ def test_a_wake_snapshot_that_changed_under_it_says_start_over(store, tmp_path, 
     (["x"], "whole number"), (["1", "2", "3", "4"], "Usage: memo wake"),
     (["2", "10", "00000000"], "Start over"),
     # regression, issue 25 C: T=0 on a store with memories said "No memories yet"
-    (["1", "0"], "T=0 in your memory as it is now (10 memories; it may have changed since "
-                 "part 1). Start over.\nRun: memo wake")])
+    (["1", "0"], "T=0 is not in your memory as it is now (10 memories): it changed since "
+                 "part 1, or has no such part. Start over.\nRun: memo wake")])
 def test_wake_bad_part_or_T(store, tmp_path, args, why):
     imported(store, tmp_path, 10)
     pay_all(store)
