@@ -5151,7 +5151,8 @@ def test_runaway_regex_stopped_even_with_sigalrm_blocked_or_ignored(tmp_path):
 
 
 # ------------------------------------------------------------------------
-# Commands: init
+# Commands: init; a store per project (init --here); wake as a harness's
+# start-up hook, and each harness installing memo from the clone
 # ------------------------------------------------------------------------
 
 def test_init_is_idempotent_with_a_temporary_home(tmp_path):
