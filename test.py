@@ -1538,6 +1538,15 @@ def test_a_disguised_secret_is_still_a_secret(tmp_path, disguise):
     d = text_store(tmp_path)
     r = call(d, "note", "token " + disguise("ghp_" + mix(36)))
     assert r.code == 1 and ("GitHub token" in r.err or "U+200D" in r.err), r
+
+
+def test_a_secret_found_in_look_alikes_is_named_without_a_wrong_place(tmp_path):
+    """Regression (newcomer trial): the place of a secret found only in
+    its look-alike form was counted there, where marks are gone, so it
+    pointed at the wrong characters (here character 4, not 6)."""
+    d = text_store(tmp_path)
+    r = call(d, "note", "\uff41\u0301b\u0301 \uff47\uff48\uff50\uff3f" + mix(36))
+    assert r.code == 1 and "GitHub token" in r.err and "at character" not in r.err, r
     assert records(d) == []
 
 
