@@ -5667,7 +5667,9 @@ def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
     assert "This directory's store: %s (the nearest .memo from here up)." % store in " ".join(
         r.stdout.split())
     inner = proj / "src" / ".memo"
-    assert in_project(inner.parent, "init", "--here", home=home).returncode == 0
+    r = in_project(inner.parent, "init", "--here", home=home)  # (trial: it hid proj's unsaid)
+    assert r.returncode == 0 and "Note: this directory and those below it now use %s, not " \
+        "%s." % (inner, store) in r.stdout, r
     assert in_project(deep, "note", "the nearest", home=home).returncode == 0
     assert b"the nearest" in log_bytes(inner) and b"the nearest" not in log_bytes(store)
     r = in_project(tmp_path, "wake", home=home)  # outside: ~/memory, which is not there
@@ -5677,6 +5679,10 @@ def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
     assert in_project(tmp_path, "init", home=home).returncode == 0
     r = in_project(tmp_path, "wake", home=home)
     assert r.returncode == 0 and r.stdout.startswith("No memories yet. Save"), r
+    # regression (trial): init --here at home made ~/.memo every directory's store there
+    r = in_project(home, "init", "--here", home=home)
+    assert r.returncode == 1 and "Fix: cd to a project's directory" in r.stderr, r
+    assert not (home / ".memo").exists()
 
 
 def test_memory_dir_wins_over_a_memo_above_it(tmp_path):
