@@ -5731,6 +5731,32 @@ def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
         in_project(sub, "help", home=home).stdout.split())
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
+def test_a_memo_of_another_user_is_refused(tmp_path):
+    """Regression (attack): a .memo above the project, made by another user
+    (in /tmp, a shared folder), took the notes and fed the hook, without a
+    word.  As git's safe.directory, memo takes no store from it."""
+    proj, home = tmp_path / "proj", tmp_path / "home"
+    (proj / "sub").mkdir(parents=True)
+    (proj / ".memo").mkdir()
+    os.chown(str(proj / ".memo"), 1234, 1234)
+    for args in (["note", "my plan"], ["wake"], ["init", "--here"]):
+        r = in_project(proj / "sub", *args, home=home)
+        assert r.returncode == 1 and one_line(r.stderr) and "another user" in r.stderr, r
+    assert os.listdir(str(proj / ".memo")) == [] and os.listdir(str(proj / "sub")) == []
+
+
+def test_init_here_in_a_store_is_refused(tmp_path):
+    """Regression (attack): init --here in a store (or its TREE) made a
+    .memo there, a file the store's memo does not own."""
+    d = make_store(tmp_path / "m", ["event 0"])
+    for where in (d, os.path.join(d, "TREE")):
+        os.makedirs(where, exist_ok=True)
+        r = in_project(where, "init", "--here", home=tmp_path)
+        assert r.returncode == 1 and one_line(r.stderr) and "is in a store" in r.stderr, r
+        assert not os.path.exists(os.path.join(where, ".memo"))
+
+
 # wake --hook=<harness> (README: Use it with your agent): what each
 # harness's start-up hook reads, within its cap, exit 0 whatever.
 
@@ -5750,6 +5776,23 @@ def hook_context(r, harness, event="SessionStart"):
         text = out["hookSpecificOutput"]["additionalContext"]
     assert len(text) <= HOOK_CAPS[harness] and len(text.encode()) <= 9000, (harness, len(text))
     return text
+
+
+def test_wake_hook_never_waits_on_an_open_stdin_nor_fails_on_a_path(tmp_path):
+    """Regression (attack): a hook whose stdin stayed open waited for its
+    end (forever, for an inherited pipe), and a store path not UTF-8 ended
+    the hook in an error, exit 1, where it must print the memory, exit 0."""
+    d = os.fsdecode(os.path.join(os.fsencode(str(tmp_path)), b"bad\xff\xfename"))
+    make_store(d, ["event 0"])
+    p = subprocess.Popen([MEMO, "wake", "--hook=text"], env=env_for(d), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(b'{"hook_event_name": "SessionStart"}')
+    p.stdin.flush()  # and kept open
+    try:
+        out, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 0 and b"#0 " in out and b"Traceback" not in err, (out, err)
 
 
 @pytest.mark.parametrize("harness", sorted(HOOK_CAPS))
@@ -5797,7 +5840,10 @@ def test_wake_hook_past_its_cap_is_cut_at_a_line_and_says_so(tmp_path, monkeypat
     monkeypatch.setitem(memo.HOOKS, "text", 400)
     monkeypatch.setenv("MEMORY_DIR", d)
     monkeypatch.chdir(str(tmp_path))
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"cwd": "/"}')))
+    r, w = os.pipe()  # (a real descriptor: the hook reads it as it comes)
+    os.write(w, b'{"cwd": "/"}')
+    os.close(w)
+    monkeypatch.setattr(sys, "stdin", open(r))
     memo.wake_hook("text")
     out = capsys.readouterr().out
     assert len(out.encode()) <= 400 and out.startswith("Your memory (%s), oldest first.\n" % d)
