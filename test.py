@@ -4324,6 +4324,21 @@ def test_a_line_added_after_the_log_is_cut_not_a_shift(tmp_path):
     assert "went missing" not in v.out, v
 
 
+def test_a_record_gone_from_the_middle_never_gives_an_id_twice(tmp_path):
+    """Regression (attack): with one whole record cut out of LOG.txt's
+    middle (a bad restore), the log is still whole records, and `note`
+    saved the next id again after the last one.  A writer checks that the
+    last record holds the id of its place, and refuses otherwise."""
+    d = make_store(tmp_path / "m", ["memory %d" % i for i in range(5)])
+    data = log_bytes(d)
+    write(os.path.join(d, "LOG.txt"), data[:3 * LOG] + data[4 * LOG:])
+    before = log_bytes(d)
+    for args in (["note", "new"], ["import", write_history(tmp_path / "h.txt", 2)]):
+        r = cli(d, *args)
+        assert r.code == 1 and "#3" in r.err and one_line(r.err), r
+    assert log_bytes(d) == before
+
+
 @pytest.mark.parametrize("lost", ["#2's `#`", "#2's id", "two bytes of #2's padding",
                                   "a digit of #2's date"])
 def test_a_byte_lost_from_the_last_memory_is_never_cut(tmp_path, lost):
