@@ -6099,6 +6099,23 @@ def test_wake_reads_what_it_can(store):
                                             "yet, 1 nap of the 1 compression pending."), r
 
 
+def test_recall_and_export_show_the_rest_of_a_damaged_memory(tmp_path):
+    """Regression (attack): one bad byte in a memory hid every memory read
+    with it from recall (a chunk of them, and all for --before past it) and
+    stopped export there.  Both show the rest; recall names the damage after
+    its output, a neighbour shown for -C as wake shows it; both exit 1."""
+    d = make_store(tmp_path / "m", ["fact %d pipeline" % i for i in range(8)])
+    write(os.path.join(d, "LOG.txt"), _patch(log_bytes(d), 4 * LOG + 100, b"\xff"))
+    damage = "Memory #4 is not valid UTF-8. Fix: restore LOG.txt"
+    r = cli(d, "recall", "pipeline")
+    assert r.code == 1 and r.out.endswith("7 matches.\n") and "#7 " in r.out, r
+    assert r.err.startswith("Warning: " + damage) and one_line(r.err), r
+    r = cli(d, "recall", "-C", "1", "fact 3")
+    assert "#4 cannot be shown: it is damaged (named below).\n1 match.\n" in r.out, r
+    r = cli(d, "export")
+    assert r.code == 1 and r.out.count("\n") == 7 and r.err.startswith("Warning: " + damage), r
+
+
 @pytest.mark.parametrize("args", [(), ("--max-bytes", "9000")])
 def test_wake_shows_the_rest_of_a_damaged_memory(tmp_path, args):
     """Regression, issue 25 C: one invalid byte in a recent memory made
