@@ -5772,6 +5772,15 @@ def test_init_here_in_a_store_is_refused(tmp_path):
         assert not os.path.exists(os.path.join(where, ".memo"))
 
 
+def test_each_harness_bundle_carries_memos_version():
+    """A harness updates a plugin by its version: each bundle's is memo's."""
+    for path in (".claude-plugin/plugin.json", ".codex-plugin/plugin.json"):
+        with open(os.path.join(HERE, "harness", "claude", path), encoding="utf-8") as f:
+            assert json.load(f)["version"] == memo.VERSION, path
+    with open(os.path.join(HERE, "harness", "gemini", "gemini-extension.json")) as f:
+        assert json.load(f)["version"] == memo.VERSION
+
+
 # wake --hook=<harness> (README: Use it with your agent): what each
 # harness's start-up hook reads, within its cap, exit 0 whatever.
 
