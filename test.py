@@ -5683,7 +5683,7 @@ def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
         r.stdout.split())
     inner = proj / "src" / ".memo"
     r = in_project(inner.parent, "init", "--here", home=home)  # (trial: it hid proj's unsaid)
-    assert r.returncode == 0 and "Note: this directory and those below it now use %s, not " \
+    assert r.returncode == 0 and "Note: here and below, %s now hides " \
         "%s." % (inner, store) in r.stdout, r
     assert in_project(deep, "note", "the nearest", home=home).returncode == 0
     assert b"the nearest" in log_bytes(inner) and b"the nearest" not in log_bytes(store)
@@ -7696,6 +7696,35 @@ def test_a_push_another_machine_beat_is_merged_again(tmp_path, monkeypatch):
     assert "Your memory #0 is now #1." in r.out, r
     synced(root, "b")
     assert records(root / "a") == records(root / "b") == ["b0", "a0"]
+
+
+@needs_git
+def test_a_log_restored_or_a_git_lost_never_sends_a_memory_twice(tmp_path):
+    """Regression (attack): LOG.txt restored from a backup (verify's own
+    fix), or the store's .git lost and made again with init --git, made
+    sync take the remote's memories for this machine's new ones and send
+    them again.  What the remote holds at the same ids is published; so is
+    a deleted branch made again, as memo's fix for a rewritten one says."""
+    root = world(tmp_path)
+    for text in ("a1", "a2"):
+        call(root / "a", "note", text)
+    synced(root, "a")
+    backup = log_bytes(root / "a")
+    call(root / "a", "note", "a3")
+    call(root / "b", "note", "b1")
+    synced(root, "a", "b", "a")
+    write(str(root / "a" / "LOG.txt"), backup)
+    synced(root, "a", "b")
+    assert records(root / "a") == records(root / "b") == ["a1", "a2", "a3", "b1"]
+    shutil.rmtree(str(root / "b" / ".git"))
+    assert cli(root / "b", "init", "--git", "../remote.git").code == 0
+    call(root / "b", "note", "b2")
+    synced(root, "b", "a")
+    assert records(root / "a") == records(root / "b") == ["a1", "a2", "a3", "b1", "b2"]
+    subprocess.run(["git", "--git-dir", str(root / "remote.git"), "update-ref", "-d",
+                    "refs/heads/memo"], check=True)
+    synced(root, "a", "b")
+    assert records(root / "a") == records(root / "b") == ["a1", "a2", "a3", "b1", "b2"]
 
 
 @needs_git
