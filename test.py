@@ -6175,7 +6175,7 @@ def test_wake_snapshot_is_stable(store, tmp_path):
     last = second
     while "You are awake." not in last:  # issue 27: the last part names what it leaves out
         last = call(store, *order(last)).out
-    assert "\n2 memories since part 1 (#600\u2013#601) are not shown here: the next memo " \
+    assert "\nNoted since part 1, not shown here: 2 memories (#600\u2013#601); the next memo " \
         "wake shows them.\n" in last and last.endswith("You are awake.\n"), last
 
 
