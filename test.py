@@ -7599,7 +7599,7 @@ def sync_world(tmp_path, seed, steps, k=3):
 @needs_git
 @pytest.mark.parametrize("seed", range(12) if SLOW else [1])
 def test_machines_synced_in_any_order_keep_every_memory_once(tmp_path, seed):
-    sync_world(tmp_path, seed, 400 if SLOW else 6, 3 if SLOW else 2)
+    sync_world(tmp_path, seed, 400 if SLOW else 4, 3 if SLOW else 2)
 
 
 def world(tmp_path, names=("a", "b")):
@@ -8513,7 +8513,7 @@ def test_forget_racing_sleep_leaves_a_consistent_store(tmp_path):
     # Counted, not timed (a 0.6 s window flaked under load): each forgetter
     # runs its turns and goes on until some forget has raced a sleep; the
     # sleepers run until the forgetters are done.
-    turns = 60 if SLOW else 6
+    turns = 60 if SLOW else 3
     problems, forgot, done = [], [], threading.Event()
 
     def run(args):
