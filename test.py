@@ -7728,6 +7728,23 @@ def test_a_log_restored_or_a_git_lost_never_sends_a_memory_twice(tmp_path):
 
 
 @needs_git
+def test_an_imported_redacted_line_takes_no_published_memorys_place(tmp_path):
+    """Regression (attack): after an import --first of a line whose text is
+    `[redacted]`, sync took it for a published memory of the same date,
+    moved that memory and redacted it everywhere.  A match by text is
+    tried first; a redact stands in for a text only if none holds."""
+    root = world(tmp_path)
+    write(str(tmp_path / "h.txt"), b"2026-11-01 precious fact one\n2026-11-02 fact two\n")
+    assert call(root / "a", "import", str(tmp_path / "h.txt")).code == 0
+    synced(root, "a", "b")
+    write(str(tmp_path / "first.txt"), b"2026-11-01 [redacted]\n")
+    assert call(root / "a", "import", "--first", str(tmp_path / "first.txt")).code == 0
+    synced(root, "a", "b")
+    assert records(root / "a") == records(root / "b") == [
+        "precious fact one", "fact two", "[redacted]"]
+
+
+@needs_git
 def test_a_sync_says_which_ids_changed_and_which_naps_it_owes(tmp_path):
     """The remote's memories keep their ids; this machine's new ones go
     after them, texts and dates kept, and memo says so; the summaries of
