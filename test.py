@@ -905,6 +905,10 @@ REAL_TEXT = [
     pytest.param("\u09b0\u200d\u09cd\u09af\u09be\u09ac (RAB)", id="bengali-ra-zwj-virama"),
     pytest.param("the acute \u00a0\u0301 alone", id="mark-on-no-break-space"),
     pytest.param("score 1\ufe0f", id="digit-in-emoji-style"),
+    # regression: ZWNJ and ZWJ were refused in Latin, which breaks or asks for a
+    # ligature with them (Unicode 15.1 §23.2; Duden's "Auf\u200clage")
+    pytest.param("Auf\u200clage, Schaf\u200cfell", id="german-zwnj"),
+    pytest.param("o\u200de and f\u200di", id="latin-zwj-ligature"),
 ]
 
 
