@@ -4340,6 +4340,21 @@ def test_a_line_added_after_the_log_is_cut_not_a_shift(tmp_path):
     assert "went missing" not in v.out, v
 
 
+@pytest.mark.parametrize("tail, said", [(b"garbage\n", "not a summary memo was writing"),
+                                         (b"x" * 100, "which summary 0-3 stands on")])
+def test_a_levels_damaged_end_is_one_problem(tmp_path, tail, said):
+    """Regression (attack): verify listed a TREE level's damaged end twice,
+    and counted 2 problems: once as its own, once as the warning the level's
+    reader gave of it."""
+    d = make_store(tmp_path / "m", ["a", "b", "c", "d"], tree={2: ["ab", "cd"], 4: ["abcd"]})
+    with open(os.path.join(d, "TREE", "2"), "r+b") as f:
+        f.truncate(TREE if tail[:1] == b"x" else 2 * TREE)
+        f.seek(0, 2)
+        f.write(tail)
+    v = cli(d, "verify")
+    assert v.code == 1 and v.out.count(said) == 1 and "1 problem found" in v.out, v
+
+
 def test_a_record_gone_from_the_middle_never_gives_an_id_twice(tmp_path):
     """Regression (attack): with one whole record cut out of LOG.txt's
     middle (a bad restore), the log is still whole records, and `note`
