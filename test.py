@@ -2391,12 +2391,13 @@ def test_sleep_exec_a_second_signal_still_ends_the_group(tmp_path):
     """Regression (attack): a second Ctrl-C during the grace memo gives a
     command that ignores TERM cut the ending short, and the command ran on
     under PID 1.  Signals wait while memo ends the group.  The command says
-    when memo's TERM reached it (it traps TERM, and goes on), so the second
-    Ctrl-C lands inside the grace however loaded the machine is."""
+    when memo's TERM reached it (it traps TERM, and goes on; a trapped
+    signal ends the shell's `wait` at once), so the second Ctrl-C lands
+    inside the half-second grace, a few ms in, however loaded the machine is."""
     d = exec_store(tmp_path / "m")
     termed = tmp_path / "termed"
-    command = "trap 'touch %s' TERM; while :; do sleep 0.05; done" % termed
-    p = subprocess.Popen(memo_argv(["sleep", "--exec", command], [("GRACE_SECONDS", 1)]),
+    command = "trap 'touch %s' TERM; while :; do sleep 1 & wait; done" % termed
+    p = subprocess.Popen(memo_argv(["sleep", "--exec", command], [("GRACE_SECONDS", 0.5)]),
                          env=env_for(d), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     with cleaned_up(p):
         poll_until(lambda: len(leftovers()) >= 3 or p.poll() is not None, 10, "the command")
