@@ -3847,7 +3847,8 @@ HOLD = ("import sys, time, os; sys.dont_write_bytecode = True; "
 def test_deleting_dot_lock_does_not_break_the_lock(tmp_path):
     """Regression (issue example): deleting `.lock` while an import ran let
     a `note` take a lock of its own, and the import died leaving a hole.
-    The store's directory is locked too, so a second writer still waits."""
+    The store's directory is locked too, so a second writer still waits
+    (it says so past LOCK_NOTICE, shrunk here: no fixed sleep to guess)."""
     d = make_store(tmp_path / "m", ["event 0"])
     held, release = str(tmp_path / "held"), str(tmp_path / "release")
     holder = subprocess.Popen([sys.executable, "-S", "-c", HOLD, MEMO, d, held, release],
@@ -3857,16 +3858,15 @@ def test_deleting_dot_lock_does_not_break_the_lock(tmp_path):
         while not os.path.exists(held) and time.monotonic() < deadline:
             time.sleep(0.01)
         os.remove(os.path.join(d, ".lock"))
-        p = subprocess.Popen([MEMO, "note", "waits"], env=env_for(d),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(0.5)
-        assert p.poll() is None, p.communicate()
+        w = Stamped(d, ("note", "waits"), [("LOCK_NOTICE", 0.1)])
+        poll_until(lambda: w.lines or w.p.poll() is not None, 10, "the note to wait")
+        assert w.p.poll() is None and w.lines[0][1] == WAITING + "\n", w.lines
         assert records(d) == ["event 0"]
     finally:
         open(release, "w").close()
         holder.wait(timeout=10)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 0 and b"Saved as #1." in out, (out, err)
+    r = w.finish()
+    assert r.code == 0 and "Saved as #1." in r.out, r
     assert records(d) == ["event 0", "waits"]
 
 
