@@ -8499,7 +8499,8 @@ WRITERS = [("note", "waits"), ("import", "HIST"), ("sleep", "0-1", "s"), ("forge
 
 def test_writers_wait_for_the_lock(tmp_path):
     """While another process holds the exclusive flock on .lock (as another
-    OptMem tool would), each writer changes nothing and waits; once it is
+    OptMem tool would), each writer changes nothing and waits (it says so
+    past LOCK_NOTICE, shrunk here: no fixed sleep to guess); once it is
     released, each finishes."""
     import fcntl
     stores, procs = [], []
@@ -8510,20 +8511,20 @@ def test_writers_wait_for_the_lock(tmp_path):
         fd = os.open(os.path.join(d, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         stores.append((d, fd, store_bytes(d)))
-        procs.append(subprocess.Popen([MEMO] + [hist if a == "HIST" else a for a in args],
-                                      env=env_for(d), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE))
+        procs.append(Stamped(d, [hist if a == "HIST" else a for a in args],
+                             [("LOCK_NOTICE", 0.1)]))
     try:
-        time.sleep(0.4)
-        for (d, fd, before), p, args in zip(stores, procs, WRITERS):
-            assert p.poll() is None, (args, p.communicate())
+        poll_until(lambda: all(w.lines or w.p.poll() is not None for w in procs), 10,
+                   "every writer to wait")
+        for (d, fd, before), w, args in zip(stores, procs, WRITERS):
+            assert w.p.poll() is None and w.lines[0][1] == WAITING + "\n", (args, w.lines)
             assert store_bytes(d) == before, args
     finally:
         for d, fd, before in stores:
             os.close(fd)
-    for (d, fd, before), p, args in zip(stores, procs, WRITERS):
-        out, err = p.communicate(timeout=30)
-        assert p.returncode == 0 and b"Traceback" not in err, (args, out, err)
+    for (d, fd, before), w, args in zip(stores, procs, WRITERS):
+        r = w.finish()
+        assert r.code == 0 and "Traceback" not in r.err, (args, r)
         assert store_bytes(d) != before, args
 
 
