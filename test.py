@@ -5411,16 +5411,19 @@ def test_init_makes_the_store_under_the_lock(tmp_path, monkeypatch):
     finding it, had said `Created`: a note saved in between was lost.
     init now looks and makes under the store's lock.  Here this init's
     config write fails on a full disk while another init, in its own
-    process, has started: that one waits, then makes the whole store."""
+    process, has started: that one waits (its notice, past a LOCK_NOTICE
+    shrunk here, says so), then makes the whole store."""
     import errno
     d = tmp_path / "m"
     d.mkdir()
     other = []
 
     def write_at(fd, data, offset):
-        other.append(subprocess.Popen([MEMO, "init"], env=env_for(d), stdout=subprocess.PIPE,
+        other.append(subprocess.Popen(memo_argv(["init"], [("LOCK_NOTICE", 0.05)]),
+                                      env=env_for(d), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
-        time.sleep(0.2)  # time enough for it to find TREE, were there no lock
+        # it waits for the lock (were there none, it would have found TREE, and no notice)
+        assert other[0].stderr.readline() == WAITING + "\n"
         assert other[0].poll() is None and sorted(os.listdir(str(d))) == ["TREE", "config"]
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(memo, "write_at", write_at)
@@ -5436,17 +5439,20 @@ def test_a_store_removed_while_commands_wait_is_one_line(tmp_path, monkeypatch):
     """An init that fails removes the directory it made, under its lock; a
     note and a wake that waited for that lock say in one line that the
     store is gone (or, come later, that there is no memory there), exit
-    1, and make nothing.  (Issue 26: they no longer look for it again.)"""
+    1, and make nothing.  (Issue 26: they no longer look for it again.)
+    Their LOCK_NOTICE is shrunk: the notice before that line shows each
+    waits for the lock."""
     import errno
     d = tmp_path / "new" / "m"
     waiting = []
 
     def write_at(fd, data, offset):
         for args in (("note", "kept"), ("wake",)):
-            waiting.append(subprocess.Popen([MEMO] + list(args), env=env_for(d),
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True))
-        time.sleep(0.3)  # each has opened the directory, and waits for its lock
+            waiting.append(subprocess.Popen(memo_argv(args, [("LOCK_NOTICE", 0.05)]),
+                                            env=env_for(d), stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True))
+        for p in waiting:  # each has opened the directory, and waits for its lock
+            assert p.stderr.readline() == WAITING + "\n", p.args
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(memo, "write_at", write_at)
     code, out, err = _init_in_process(d)
