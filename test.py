@@ -3004,11 +3004,28 @@ def test_a_save_into_a_damaged_store(tmp_path, damage, args, code, saved, says):
 MOMENTS = [0, 0.002, 0.005, 0.01, 0.02, 0.04]
 
 
+def sleep_until(when, p):
+    """Sleep till monotonic `when`, or only until process `p` ends if it
+    ends first: a signal sent it after that changes nothing."""
+    import select
+    if p.poll() is not None or when <= time.monotonic():
+        return
+    try:
+        fd = os.pidfd_open(p.pid)  # readable once it ends (it stays ours till reaped)
+    except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): the whole wait
+        time.sleep(max(0.0, when - time.monotonic()))
+        return
+    try:
+        select.select([fd], [], [], max(0.0, when - time.monotonic()))
+    finally:
+        os.close(fd)
+
+
 def interrupted(d, args, signum, delay):
     """Run memo on `d`, send it `signum` `delay` s after it starts; Result."""
     p = subprocess.Popen(memo_argv(args), env=env_for(d), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
-    time.sleep(delay)
+    sleep_until(time.monotonic() + delay, p)
     with contextlib.suppress(ProcessLookupError):
         p.send_signal(signum)
     out, err = p.communicate(timeout=30)
@@ -8052,7 +8069,7 @@ def test_import_sigkill_loop_all_or_nothing(tmp_path):
         p = subprocess.Popen([MEMO, "import", hist], env=env_for(d),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if it % 2:
-            time.sleep(rnd.uniform(0, span))
+            sleep_until(time.monotonic() + rnd.uniform(0, span), p)
         else:  # aim at the append: wait for the import's journal, then a little more
             journal, limit = os.path.join(d, ".journal"), time.monotonic() + span
             while not os.path.exists(journal) and time.monotonic() < limit:
@@ -8094,7 +8111,7 @@ def test_note_bursts_sigkill_loop(tmp_path):
             procs.append((rnd.uniform(0.0, 0.09), p, text))
         start = time.monotonic()
         for at, p, text in sorted(procs, key=lambda x: x[0]):
-            time.sleep(max(0.0, start + at - time.monotonic()))
+            sleep_until(start + at, p)  # (one done by then is not waited for)
             p.kill()
         for at, p, text in procs:
             out, err = p.communicate()
