@@ -2339,8 +2339,8 @@ def test_a_short_wait_is_silent(tmp_path):
 
 # -- `sleep --exec` ends its command's process group ------------------------
 
-# TERM to KILL: no test here needs it longer.  Most wait it out: the command's
-# orphans, killed, are zombies till PID 1 reaps them, and still in its group.
+# TERM to KILL: no test here needs it longer.  Where PID 1 reaps slowly (here up
+# to 2 s) most wait it out: the command's killed orphans stay in its group, zombies.
 GRACE = 0.05
 QUICK_GRACE = [("GRACE_SECONDS", GRACE)]
 
