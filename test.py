@@ -538,8 +538,8 @@ def test_module_offers_cover_as_optmem_did():
 # ------------------------------------------------------------------------
 # Issue 11 (one text, one form; nothing invisible; dates never go backwards;
 # a summary is a summary) and issue 13 section 1 (credentials never enter
-# the store).  Everything runs in-process (`call`) but the time zones and
-# `sleep --exec`, which need real processes.
+# the store).  Most runs in-process (`call`), `sleep --exec` too (its
+# command is a real process); the time zones need real processes.
 
 def text_store(tmp_path, texts=(), name="mem"):
     """A store written by hand (no process): `texts` as memories #0..."""
@@ -1090,6 +1090,17 @@ def test_sleep_exec_skips_code_fences(tmp_path, answer):
     assert summary_of(d) == "A, b, c and d."
 
 
+def exec_call(d, command):
+    """`memo sleep --exec command` in-process (`call`: no interpreter to start,
+    the command still a real process); the signal handlers it sets go back."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return call(d, "sleep", "--exec", command)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("answer", ["<think>the user wants\\na line</think>\\nA, b, c and d.\\n",
                                     "# Summary\\n\\nA, b, c and d.\\n",
                                     "#0-1 2020-01-01 A, b, c and d.\\n",
@@ -1108,7 +1119,7 @@ def test_sleep_exec_takes_the_answer_out_of_what_models_add(tmp_path, answer):
     echo of the prompt's `#0-1 <date>` were saved as the summary, or in
     it.  The summary is the answer line itself."""
     d = text_store(tmp_path, ["a", "b"])
-    r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
+    r = exec_call(d, "cat >/dev/null; printf '%s'" % answer)
     assert r.code == 0 and "Paid 1 compression" in r.out, r
     assert summary_of(d) == "A, b, c and d."
 
@@ -1133,7 +1144,7 @@ def test_sleep_exec_keeps_the_line_after_a_lead_in(tmp_path, answer):
     """Regression (issue 24): a model's `Here is the summary:` followed by
     the summary stopped the run; the lead-in is dropped, the line kept."""
     d = text_store(tmp_path, ["a", "b"])
-    r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
+    r = exec_call(d, "cat >/dev/null; printf '%s'" % answer)
     assert r.code == 0 and "Paid 1 compression" in r.out, r
     assert summary_of(d) == "A and b."
 
@@ -1154,7 +1165,7 @@ def test_sleep_exec_stops_on_an_answer_that_is_no_summary(tmp_path, answer, why)
     stops --exec cleanly: exit 1, the reason and the answer's first line,
     nothing saved."""
     d = text_store(tmp_path, ["deployed the billing service", "rolled back billing"])
-    r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
+    r = exec_call(d, "cat >/dev/null; printf '%s'" % answer)
     assert r.code == 1 and "refused" in r.err and why in r.err, r
     assert "0 compressions saved" in r.err and len(r.err.splitlines()) == 1, r
     assert summary_of(d) is None
@@ -1175,7 +1186,7 @@ def test_sleep_exec_never_saves_memos_own_prompt(tmp_path, command):
                   # after them was saved as the summary of the block
                   ["Initial checkin of stuff", "Started working on documentation"]):
         d = text_store(tmp_path, texts, name=texts[0][:4])
-        r = cli(d, "sleep", "--exec", command)
+        r = exec_call(d, command)
         assert r.code == 1 and "memo's own prompt" in r.err, r
         assert summary_of(d) is None
 
@@ -1203,7 +1214,7 @@ def test_sleep_exec_keeps_a_summary_sharing_a_word(tmp_path, memories, answer):
     word with what the prompt showed: a script without spaces, a short
     name, a version, another case, memories of one letter all pass."""
     d = text_store(tmp_path, memories)
-    r = cli(d, "sleep", "--exec", "cat >/dev/null; echo '%s'" % answer)
+    r = exec_call(d, "cat >/dev/null; echo '%s'" % answer)
     assert r.code == 0 and summary_of(d) == answer, r
 
 
