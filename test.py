@@ -1291,16 +1291,32 @@ n = len(os.listdir(sys.argv[2]))
 with open(os.path.join(sys.argv[2], str(n)), "w") as f:
     f.write(prompt)
 if n == 0:  # (the later answers import nothing more: they start fast)
-    import json, re, subprocess
+    import contextlib, io, json, re, subprocess
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
     cfg = json.load(open(sys.argv[1]))
     subprocess.run([cfg["memo"]] + cfg["args"], stdout=subprocess.DEVNULL, check=True)
-    out = subprocess.run([cfg["memo"], "sleep"], capture_output=True, text=True).stdout
+    # the agent's memo sleep runs through main in this process, loaded as test.py loads
+    # memo (no cache written): one interpreter for every nap it pays again, not one a nap
+    sys.dont_write_bytecode = True
+    spec = spec_from_loader("memo", SourceFileLoader("memo", cfg["memo"]))
+    memo = module_from_spec(spec)
+    spec.loader.exec_module(memo)
+
+    def sleep(*args):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            try:
+                memo.main(["sleep"] + list(args))
+            except SystemExit as e:
+                return e.code, out.getvalue()
+    out = sleep()[1]
     while True:  # a save shows the next nap's prompt, as memo sleep does
         m = re.search(r"^Run: memo sleep ((\\d+-\\d+)@\\w+) ", out, re.M)
         if not m or m.group(2) == "0-31":
             break
-        out = subprocess.run([cfg["memo"], "sleep", m.group(1), "rebuilt " + m.group(2)],
-                             check=True, capture_output=True, text=True).stdout
+        code, out = sleep(m.group(1), "rebuilt " + m.group(2))
+        assert code == 0, out
 print("sum event rebuilt answer %d" % n)
 """
 
