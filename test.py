@@ -385,14 +385,19 @@ SAMPLES = list(range(0, 300)) + [511, 512, 513, 1023, 1024, 2000, 4097, 65535,
 
 def slow_cover(T, budget):
     """cover's rule, slowly and exactly: from roots(T), split the block with
-    the largest size/age (Fraction, no floats), the newest on a tie, until
-    the budget is spent: the rule blocks.refinements states (split while
-    size > alpha * age, alpha falling), spending the last splits by ratio."""
-    from fractions import Fraction
+    the largest size/age (integers cross-multiplied, no floats), the newest
+    on a tie, until the budget is spent: the rule blocks.refinements states
+    (split while size > alpha * age, alpha falling), spending the last
+    splits by ratio."""
+    def above(a, b):  # a's size/age over b's, or equal and a newer
+        left, right = (a[1] - a[0]) * (T - b[0]), (b[1] - b[0]) * (T - a[0])
+        return left > right or left == right and a[0] > b[0]
     c = blocks.roots(T)
     while len(c) < min(budget, T):
-        k = max((i for i, (lo, hi) in enumerate(c) if hi - lo > 1),
-                key=lambda i: (Fraction(c[i][1] - c[i][0], T - c[i][0]), c[i][0]))
+        k = None  # (a Fraction a block cost 7x the time)
+        for i, block in enumerate(c):
+            if block[1] - block[0] > 1 and (k is None or above(block, c[k])):
+                k = i
         c[k:k + 1] = list(blocks.halves(*c[k]))
     return c
 
@@ -430,6 +435,8 @@ def expanded_cover(T, budget):
     budget - popcount(T) blocks of refinements(T) split, each into its
     halves (blocks.py's own cover until it counted the splits instead)."""
     from itertools import islice
+    if T <= max(budget, 0):  # (before the splits, which this answer does not use)
+        return [(i, i + 1) for i in range(T)]
     split = set(islice(blocks.refinements(T), max(0, budget - bin(T).count("1"))))
     out, stack = [], list(reversed(blocks.roots(T)))
     while stack:
@@ -438,7 +445,7 @@ def expanded_cover(T, budget):
             stack += reversed(blocks.halves(*block))
         else:
             out.append(block)
-    return [(i, i + 1) for i in range(T)] if T <= max(budget, 0) else out
+    return out
 
 
 @pytest.mark.parametrize("T, expected", [
@@ -538,8 +545,8 @@ def test_module_offers_cover_as_optmem_did():
 # ------------------------------------------------------------------------
 # Issue 11 (one text, one form; nothing invisible; dates never go backwards;
 # a summary is a summary) and issue 13 section 1 (credentials never enter
-# the store).  Everything runs in-process (`call`) but the time zones and
-# `sleep --exec`, which need real processes.
+# the store).  Most runs in-process (`call`), `sleep --exec` too (its
+# command is a real process); the time zones need real processes.
 
 def text_store(tmp_path, texts=(), name="mem"):
     """A store written by hand (no process): `texts` as memories #0..."""
@@ -1094,6 +1101,17 @@ def test_sleep_exec_skips_code_fences(tmp_path, answer):
     assert summary_of(d) == "A, b, c and d."
 
 
+def exec_call(d, command):
+    """`memo sleep --exec command` in-process (`call`: no interpreter to start,
+    the command still a real process); the signal handlers it sets go back."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return call(d, "sleep", "--exec", command)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("answer", ["<think>the user wants\\na line</think>\\nA, b, c and d.\\n",
                                     "# Summary\\n\\nA, b, c and d.\\n",
                                     "#0-1 2020-01-01 A, b, c and d.\\n",
@@ -1112,7 +1130,7 @@ def test_sleep_exec_takes_the_answer_out_of_what_models_add(tmp_path, answer):
     echo of the prompt's `#0-1 <date>` were saved as the summary, or in
     it.  The summary is the answer line itself."""
     d = text_store(tmp_path, ["a", "b"])
-    r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
+    r = exec_call(d, "cat >/dev/null; printf '%s'" % answer)
     assert r.code == 0 and "Paid 1 compression" in r.out, r
     assert summary_of(d) == "A, b, c and d."
 
@@ -1137,7 +1155,7 @@ def test_sleep_exec_keeps_the_line_after_a_lead_in(tmp_path, answer):
     """Regression (issue 24): a model's `Here is the summary:` followed by
     the summary stopped the run; the lead-in is dropped, the line kept."""
     d = text_store(tmp_path, ["a", "b"])
-    r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
+    r = exec_call(d, "cat >/dev/null; printf '%s'" % answer)
     assert r.code == 0 and "Paid 1 compression" in r.out, r
     assert summary_of(d) == "A and b."
 
@@ -1158,7 +1176,7 @@ def test_sleep_exec_stops_on_an_answer_that_is_no_summary(tmp_path, answer, why)
     stops --exec cleanly: exit 1, the reason and the answer's first line,
     nothing saved."""
     d = text_store(tmp_path, ["deployed the billing service", "rolled back billing"])
-    r = cli(d, "sleep", "--exec", "cat >/dev/null; printf '%s'" % answer)
+    r = exec_call(d, "cat >/dev/null; printf '%s'" % answer)
     assert r.code == 1 and "refused" in r.err and why in r.err, r
     assert "0 compressions saved" in r.err and len(r.err.splitlines()) == 1, r
     assert summary_of(d) is None
@@ -1179,7 +1197,7 @@ def test_sleep_exec_never_saves_memos_own_prompt(tmp_path, command):
                   # after them was saved as the summary of the block
                   ["Initial checkin of stuff", "Started working on documentation"]):
         d = text_store(tmp_path, texts, name=texts[0][:4])
-        r = cli(d, "sleep", "--exec", command)
+        r = exec_call(d, command)
         assert r.code == 1 and "memo's own prompt" in r.err, r
         assert summary_of(d) is None
 
@@ -1207,7 +1225,7 @@ def test_sleep_exec_keeps_a_summary_sharing_a_word(tmp_path, memories, answer):
     word with what the prompt showed: a script without spaces, a short
     name, a version, another case, memories of one letter all pass."""
     d = text_store(tmp_path, memories)
-    r = cli(d, "sleep", "--exec", "cat >/dev/null; echo '%s'" % answer)
+    r = exec_call(d, "cat >/dev/null; echo '%s'" % answer)
     assert r.code == 0 and summary_of(d) == answer, r
 
 
@@ -1271,21 +1289,38 @@ def test_a_summary_by_hand_is_saved_only_for_what_its_prompt_showed(tmp_path, na
 
 
 EXEC_BETWEEN = """\
-import json, os, re, subprocess, sys
+import os, sys
 prompt = sys.stdin.read()
-cfg = json.load(open(sys.argv[1]))
-n = len(os.listdir(cfg["log"]))
-with open(os.path.join(cfg["log"], str(n)), "w") as f:
+n = len(os.listdir(sys.argv[2]))
+with open(os.path.join(sys.argv[2], str(n)), "w") as f:
     f.write(prompt)
-if n == 0:
+if n == 0:  # (the later answers import nothing more: they start fast)
+    import contextlib, io, json, re, subprocess
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+    cfg = json.load(open(sys.argv[1]))
     subprocess.run([cfg["memo"]] + cfg["args"], stdout=subprocess.DEVNULL, check=True)
-    while True:
-        out = subprocess.run([cfg["memo"], "sleep"], capture_output=True, text=True).stdout
+    # the agent's memo sleep runs through main in this process, loaded as test.py loads
+    # memo (no cache written): one interpreter for every nap it pays again, not one a nap
+    sys.dont_write_bytecode = True
+    spec = spec_from_loader("memo", SourceFileLoader("memo", cfg["memo"]))
+    memo = module_from_spec(spec)
+    spec.loader.exec_module(memo)
+
+    def sleep(*args):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            try:
+                memo.main(["sleep"] + list(args))
+            except SystemExit as e:
+                return e.code, out.getvalue()
+    out = sleep()[1]
+    while True:  # a save shows the next nap's prompt, as memo sleep does
         m = re.search(r"^Run: memo sleep ((\\d+-\\d+)@\\w+) ", out, re.M)
         if not m or m.group(2) == "0-31":
             break
-        subprocess.run([cfg["memo"], "sleep", m.group(1), "rebuilt " + m.group(2)], check=True,
-                       stdout=subprocess.DEVNULL)
+        code, out = sleep(m.group(1), "rebuilt " + m.group(2))
+        assert code == 0, out
 print("sum event rebuilt answer %d" % n)
 """
 
@@ -1302,11 +1337,11 @@ def test_sleep_exec_saves_a_summary_only_for_what_its_prompt_showed(tmp_path, na
     log = tmp_path / "prompts"
     log.mkdir()
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps({"memo": MEMO, "log": str(log),
-                               "args": [name] + between_args(tmp_path)[name]}))
+    cfg.write_text(json.dumps({"memo": MEMO, "args": [name] + between_args(tmp_path)[name]}))
     script = tmp_path / "answer.py"
     script.write_text(EXEC_BETWEEN)
-    r = cli(d, "sleep", "--exec", "%s %s %s" % (sys.executable, script, cfg))
+    # -S: no site-packages scan (30 ms an answer)
+    r = cli(d, "sleep", "--exec", "%s -S %s %s %s" % (sys.executable, script, cfg, log))
     assert r.code == 0 and "Nothing left to compress" in r.out, r
     checked = 0
     with memo.Store(d) as st:
@@ -5045,8 +5080,22 @@ def tricky_stores(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def plain_answers(tricky_stores):
+    """For each tricky store, {pattern: its hits by the plain rule}, found once:
+    the chunk size a case sets changes how memo reads, not the answer."""
+    out = []
+    for d, lines in tricky_stores:
+        composed = [nfc(line) for line in lines]
+        out.append({pattern: [(i, lines[i]) for i, line in enumerate(composed)
+                              if rx.search(line)]
+                    for pattern, rx in ((p, re.compile(p, re.IGNORECASE))
+                                        for p in RECALL_PATTERNS)})
+    return out
+
+
 @pytest.mark.parametrize("chunk", [None, 37] + [64] * SLOW)
-def test_recall_gives_the_plain_answer(tricky_stores, monkeypatch, chunk):
+def test_recall_gives_the_plain_answer(tricky_stores, plain_answers, monkeypatch, chunk):
     """Every recall path (an anchor, a literal lowercased, fold partners,
     chunks ASCII, not ASCII and not NFC, a raw newline, no literal), at
     chunk edges, finds exactly what re.search(pattern, line, re.IGNORECASE)
@@ -5054,11 +5103,10 @@ def test_recall_gives_the_plain_answer(tricky_stores, monkeypatch, chunk):
     (João, ÇÃO, the Kelvin sign) and decomposed text."""
     if chunk:
         monkeypatch.setattr(memo, "CHUNK_RECORDS", chunk)
-    for d, lines in tricky_stores:
+    for (d, lines), answers in zip(tricky_stores, plain_answers):
         st = memo.Store(d)
         for pattern in RECALL_PATTERNS:
-            rx = re.compile(pattern, re.IGNORECASE)
-            hits = [(i, line) for i, line in enumerate(lines) if rx.search(nfc(line))]
+            hits = answers[pattern]
             count, newest = memo.search(st, len(lines), pattern, 7)
             assert (count, [tuple(x) for x in newest]) == (len(hits), hits[-7:]), pattern
             if len(pattern) % 4 == 0:  # a quarter of them: oldest first, from #3
@@ -7670,14 +7718,23 @@ def test_machines_synced_in_any_order_keep_every_memory_once(tmp_path, seed):
     sync_world(tmp_path, seed, 400 if SLOW else 4, 3 if SLOW else 2)
 
 
+WORLDS = {}  # names: the world made for them once, which each test copies
+
+
 def world(tmp_path, names=("a", "b")):
     """Machines linked to `remote.git` beside them by a relative address
-    (so a copy of the whole world is a world of its own)."""
+    (so a copy of the whole world is a world of its own): made by `memo
+    init --git` once a run, copied for each test (65 ms a test)."""
+    if names not in WORLDS:
+        made = os.path.join(mkdtemp(dir=str(tmp_path.parent)), "world")
+        os.mkdir(made)
+        subprocess.run(["git", "init", "-q", "--bare", os.path.join(made, "remote.git")],
+                       check=True)
+        for name in names:
+            assert cli(os.path.join(made, name), "init", "--git", "../remote.git").code == 0
+        WORLDS[names] = made
     root = tmp_path / "world"
-    root.mkdir()
-    subprocess.run(["git", "init", "-q", "--bare", str(root / "remote.git")], check=True)
-    for name in names:
-        assert cli(root / name, "init", "--git", "../remote.git").code == 0
+    shutil.copytree(WORLDS[names], str(root), symlinks=True)
     return root
 
 
@@ -7901,7 +7958,7 @@ def test_shebang_usage_help_and_version_need_no_store(tmp_path):
     assert not nowhere.exists()
 
 
-def test_help_is_complete_and_fits_80_columns(tmp_path):
+def test_help_is_complete_and_fits_80_columns(tmp_path, monkeypatch):
     """`memo --help` names --version, MEMORY_DIR, NO_COLOR and the config
     file; every help is wrapped to 80 columns, its sizes the store's own.
     (Regression: `memo help sleep` was one 416-character line, and said
@@ -7912,10 +7969,17 @@ def test_help_is_complete_and_fits_80_columns(tmp_path):
         assert word in out, word
     d = make_store(tmp_path / "m")
     write(os.path.join(d, "config"), b"ENTRY_CHARS = 100\n")
+    monkeypatch.setenv("MEMORY_DIR", d)
+
+    def helped(name):  # `memo help <name>` through main in this process: 13 interpreters less
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            memo.main(["help", name])
+        return out.getvalue()
     for name in memo.COMMAND:
-        text = cli(d, "help", name).out
+        text = helped(name)
         assert all(len(line) <= 80 for line in text.splitlines()), (name, text)
-    assert "at most 100 bytes" in cli(d, "help", "note").out
+    assert "at most 100 bytes" in helped("note")
 
 
 @pytest.mark.parametrize("args,why", [
