@@ -8241,8 +8241,7 @@ SAID_SAVED = re.compile(r"^(Saved as|Imported|Forgot|Redacted|\d+-\d+ saved\.)",
 
 
 @pytest.mark.parametrize("case", CRASH_CASES, ids=list(CRASH_CASES))
-def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path, monkeypatch,
-                                                                        case):
+def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path, case):
     """Issue 25 A: a MemoryError is never a traceback nor a half-done
     write.  At each call that changes the store (SEAM), in turn, memo runs
     out of memory instead: one line on stderr, and either exit 0 with the
@@ -8287,14 +8286,15 @@ def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path,
                     raise MemoryError()
                 return f(*a, **k)
             return g
-        for name in memo.SEAM:
-            monkeypatch.setattr(memo, name, failing(getattr(memo, name)))
-        monkeypatch.setenv("MEMORY_DIR", d)
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                pytest.raises(SystemExit) as e:
-            memo.main(list(args))
-        monkeypatch.undo()
+        # a monkeypatch of its own: undoing the test's would undo default_sizes' fsync too
+        with pytest.MonkeyPatch.context() as patched:
+            for name in memo.SEAM:
+                patched.setattr(memo, name, failing(getattr(memo, name)))
+            patched.setenv("MEMORY_DIR", d)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                    pytest.raises(SystemExit) as e:
+                memo.main(list(args))
         r, where = Result(e.value.code, out.getvalue(), err.getvalue()), (case, step)
         assert one_line(r.err) and "MemoryError" not in r.err, (where, r)
         if r.code == 0:
