@@ -3168,13 +3168,13 @@ def run_all(d, commands, hist, env=None, timeout=20):
     return out
 
 
-def in_process(d, hist):
+def in_process(d, hist, commands=ALL_COMMANDS):
     """run_all, each command called through main in this process (quicker)."""
     out = {}
     old = os.environ.get("MEMORY_DIR")
     os.environ["MEMORY_DIR"] = str(d)
     try:
-        for args in ALL_COMMANDS:
+        for args in commands:
             o, e = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
                 with pytest.raises(SystemExit) as exit:
@@ -3223,10 +3223,10 @@ def test_a_directory_of_other_files_is_not_a_store(tmp_path):
     (d / "README").write_text("mine")
     hist = write_history(tmp_path / "h.txt", 3)
     before = listing(d)
-    for args, r in run_all(d, ALL_COMMANDS, hist).items():
+    for args, r in in_process(d, hist).items():
         assert r.code == 1 and one_line(r.err) and "not a memory store" in r.err, (args, r)
     assert listing(d) == before
-    r = cli(d, "init")
+    r = in_process(d, hist, [("init",)])[("init",)]
     assert r.code == 1 and "a store needs a directory of its own" in r.err, r
     assert listing(d) == before
 
@@ -3235,7 +3235,7 @@ def test_missing_store_is_never_created(tmp_path):
     """A mistyped MEMORY_DIR never starts a second, empty identity."""
     d = tmp_path / "typo"
     hist = write_history(tmp_path / "h.txt", 3)
-    for args, r in run_all(d, ALL_COMMANDS, hist).items():
+    for args, r in in_process(d, hist).items():
         assert r.code == 1 and "No memory at" in r.err and "Run:" not in r.err + r.out, args
     assert not d.exists()
 
@@ -4289,7 +4289,7 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
     hist = write_history(tmp_path / "h.txt", 3)
     commands = ALL_COMMANDS if case == "whole records of text" else [  # (the others: a few)
         ("wake",), ("note", "x"), ("import", "HIST"), ("verify",)]
-    for args, r in list(run_all(d, commands, hist).items()) + [(("init",), cli(d, "init"))]:
+    for args, r in in_process(d, hist, commands + [("init",)]).items():
         assert r.code == 1 and one_line(r.err) and r.out == "", (args, r)
         assert r.err.startswith("%s is not a memory store: its LOG.txt is not a log memo "
                                 "wrote" % d), (args, r)
