@@ -3919,22 +3919,31 @@ def _fsize_limit(limit):
     return pre
 
 
-def test_store_files_are_private_under_umask_022(tmp_path):
+@pytest.fixture
+def umask022():
+    """This process's umask 022 for the test (memo sets none: its modes are its own)."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_store_files_are_private_under_umask_022(tmp_path, umask022):
     """With umask 022: init makes the dir 0700 and its files 0600; files made
     later (.lock, TREE/<n>, .journal, .stash, LOG.txt and TREE/ in an empty
-    dir) are 0600 / 0700; wake says nothing about permissions."""
+    dir) are 0600 / 0700; wake says nothing about permissions.  (In-process
+    under umask022, but the import a file size limit stops.)"""
     d = str(tmp_path / "m")
-    r = cli(d, "init", preexec_fn=_umask022)
-    assert r.code == 0, r
+    r = _init_in_process(d)
+    assert r[0] == 0, r
     assert _mode(d) == 0o700
     for name in os.listdir(d):
         p = os.path.join(d, name)
         assert _mode(p) == (0o700 if os.path.isdir(p) else 0o600), name
     for text in ("one", "two", "three", "four"):
-        assert cli(d, "note", text, preexec_fn=_umask022).code == 0
+        assert call(d, "note", text).code == 0
     for block in ("0-1", "2-3", "0-3"):
-        assert cli(d, "sleep", block, "sum", preexec_fn=_umask022).code == 0
-    assert cli(d, "forget", "0-1", preexec_fn=_umask022).code == 0  # 2-3 to the stash
+        assert call(d, "sleep", block, "sum").code == 0
+    assert call(d, "forget", "0-1").code == 0  # 2-3 to the stash
     assert os.path.isdir(os.path.join(d, ".stash"))
     _assert_private(d)
     hist = write_history(tmp_path / "h.txt", 5)
@@ -3945,13 +3954,13 @@ def test_store_files_are_private_under_umask_022(tmp_path):
     r = cli(d, "import", hist, preexec_fn=full)
     assert r.code == 1, r
     _assert_private(d)  # whatever the failed import left (.journal) is private too
-    r = cli(d, "wake", preexec_fn=_umask022)
+    r = call(d, "wake")
     assert r.err == "", r
     e = str(tmp_path / "empty")
     os.mkdir(e, 0o700)
-    assert cli(e, "note", "a", preexec_fn=_umask022).code == 0
-    assert cli(e, "note", "b", preexec_fn=_umask022).code == 0
-    assert cli(e, "sleep", "0-1", "s", preexec_fn=_umask022).code == 0
+    assert call(e, "note", "a").code == 0
+    assert call(e, "note", "b").code == 0
+    assert call(e, "sleep", "0-1", "s").code == 0
     _assert_private(d)
     _assert_private(e)
 
