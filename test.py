@@ -3576,6 +3576,17 @@ def test_zero_byte_in_padding_is_named_never_hidden(tmp_path):
     assert v.code == 1 and "Memory #4" in v.out and "Memory #5" in v.out, v
 
 
+def rewrite(path, data):
+    """File `path` made `data`, in place: one that O_TRUNC (write) cuts to
+    nothing is flushed by ext4 as it is closed, 0.2 ms to tens of ms a time."""
+    fd = os.open(str(path), os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
 def _mutations(data, positions):
     """Every single-byte deletion, insertion and change at `positions`."""
     for p in positions:
@@ -3603,14 +3614,7 @@ def test_no_single_byte_damage_ever_loses_a_whole_memory(tmp_path):
     shutil.copytree(str(base), d)
     path = os.path.join(d, "LOG.txt")
     for how, bad in _mutations(data, earlier + last):
-        # rewritten in place: a file cut to nothing (write's O_TRUNC) is flushed by
-        # ext4 when it is closed, 0.2 ms to tens of ms a time on a busy disk
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.pwrite(fd, bad, 0)
-            os.ftruncate(fd, len(bad))
-        finally:
-            os.close(fd)
+        rewrite(path, bad)
         for name in os.listdir(os.path.join(d, "TREE")):
             os.remove(os.path.join(d, "TREE", name))
         whole = {}
@@ -9378,28 +9382,42 @@ def test_memo_has_no_assert():
     assert not [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
 
 
+@pytest.fixture(scope="module")
+def cached_install(tmp_path_factory):
+    """An install run once, so its caches are as memo writes them (the
+    compile costs 0.07 s: once for every damage), and a store for it:
+    ``(memo, store)``.  A test that damages a cache puts it back."""
+    root = tmp_path_factory.mktemp("cached")
+    exe = _install(root / "clone")
+    d = make_store(root / "m", ["event 0", "event 1"])
+    assert subprocess.run([str(exe), "recall", "event"], env=env_for(d)).returncode == 0
+    return exe, d
+
+
 @pytest.mark.parametrize("name, damage", [
     (name, damage) for name in ("memocpython", "blocks")
     for damage in ("garbage", "truncated", "zeroed", "empty")
     if SLOW or name == "memocpython" or damage in ("garbage", "zeroed")])  # (the rest: slow)
-def test_a_damaged_cache_is_replaced(tmp_path, name, damage):
+def test_a_damaged_cache_is_replaced(cached_install, name, damage):
     """A cache file, of memo or of blocks.py, that is
     garbage, cut short (a valid header, half the code), zeroed past its
     header or empty: memo runs as ever, and writes a good cache again.
     (Regression, attack: a damaged cache of blocks.py stopped every
     command, with a fix, `git checkout blocks.py`, that could not fix it.)"""
-    exe = _install(tmp_path / "clone")  # the caches as memo writes them, to compare with
-    d = make_store(tmp_path / "m", ["event 0", "event 1"])
-    assert subprocess.run([str(exe), "recall", "event"], env=env_for(d)).returncode == 0
-    cache = tmp_path / "clone" / "__pycache__"
+    exe, d = cached_install  # the caches as memo writes them, to compare with
+    cache = exe.parent / "__pycache__"
     pyc = next(p for p in cache.iterdir() if p.name.startswith(name))
     data = pyc.read_bytes()
-    pyc.write_bytes({"garbage": os.urandom(len(data)), "truncated": data[:len(data) // 2],
-                     "zeroed": data[:16] + b"\0" * (len(data) - 16), "empty": b""}[damage])
-    r = subprocess.run([str(exe), "recall", "event"], env=env_for(d), capture_output=True,
-                       text=True)
-    assert r.returncode == 0 and r.stdout.endswith("2 matches.\n") and not r.stderr, r
-    assert pyc.read_bytes()[16:] == data[16:], "the cache is written again"
+    rewrite(pyc, {"garbage": os.urandom(len(data)), "truncated": data[:len(data) // 2],
+                  "zeroed": data[:16] + b"\0" * (len(data) - 16), "empty": b""}[damage])
+    try:
+        r = subprocess.run([str(exe), "recall", "event"], env=env_for(d), capture_output=True,
+                           text=True)
+        assert r.returncode == 0 and r.stdout.endswith("2 matches.\n") and not r.stderr, r
+        assert pyc.read_bytes()[16:] == data[16:], "the cache is written again"
+    finally:
+        if pyc.read_bytes() != data:
+            rewrite(pyc, data)
 
 
 def test_pythondontwritebytecode_holds_for_modules_not_memos(tmp_path):
