@@ -4336,8 +4336,8 @@ def test_a_project_holding_a_file_named_as_memos_is_not_a_store(tmp_path, mark):
     if mark.startswith("LOG.txt"):
         (d / "LOG.txt").write_text("")
     before = listing(d)
-    for args in (("note", "x"), ("wake",), ("import", str(write_history(tmp_path / "h", 2)))):
-        r = cli(d, *args)
+    hist = write_history(tmp_path / "h", 2)
+    for args, r in in_process(d, hist, [("note", "x"), ("wake",), ("import", "HIST")]).items():
         assert r.code == 1 and r.err.startswith("%s is not a memory store" % d), (args, r)
         assert one_line(r.err) and "()" not in r.err, r
     assert listing(d) == before
