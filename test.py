@@ -5779,7 +5779,7 @@ def test_memory_dir_wins_over_a_memo_above_it(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["file", "symlink to a store", "dangling symlink"])
-def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
+def test_a_memo_that_is_no_directory_is_refused(tmp_path, monkeypatch, what):
     """A .memo that is a file or a symlink is refused in one line by every
     command that needs a store, init --here too, as every store file is:
     never followed, nothing written through it."""
@@ -5794,13 +5794,23 @@ def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
     else:
         os.symlink(target if what == "symlink to a store" else str(tmp_path / "none"), str(link))
     kind = "a file" if what == "file" else "a symbolic link"
+    # as in_project runs memo (in sub, HOME=home, no MEMORY_DIR), through main in-process
+    monkeypatch.chdir(str(sub))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("MEMORY_DIR", raising=False)
+
+    def run(*args):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                pytest.raises(SystemExit) as e:
+            memo.main(list(args))
+        return Result(e.value.code, out.getvalue(), err.getvalue())
     for args in (["wake"], ["note", "x"], ["recall", "x"], ["init", "--here"], ["init"]):
-        r = in_project(sub, *args, home=home)
-        assert r.returncode == 1 and one_line(r.stderr), (args, r)
-        assert r.stderr.startswith("%s is %s, not a directory" % (link, kind)), (args, r)
+        r = run(*args)
+        assert r.code == 1 and one_line(r.err), (args, r)
+        assert r.err.startswith("%s is %s, not a directory" % (link, kind)), (args, r)
     assert store_bytes(target) == before and os.listdir(str(sub)) == []
-    assert "is %s, not a directory" % kind in " ".join(
-        in_project(sub, "help", home=home).stdout.split())
+    assert "is %s, not a directory" % kind in " ".join(run("help").out.split())
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
