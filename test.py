@@ -7058,24 +7058,22 @@ def test_forget_all_drops_every_summary_and_keeps_every_memory(tmp_path):
         memo.COMMAND["forget"].full_help().split())
 
 
-def test_forget_all_killed_at_any_step_leaves_every_summary_on_its_halves(tmp_path):
+def test_forget_all_killed_at_any_step_leaves_every_summary_on_its_halves(tmp_path,
+                                                                         crash_server):
     """A `forget --all` killed at any step leaves the memories as they were,
     and every summary there is (in TREE or the stash) on its two halves:
     the stash goes first, then the levels, larger blocks first."""
     base = make_store(tmp_path / "base", ["event %d" % i for i in range(64)], tree=paid_tree(64))
     assert call(base, "forget", "20-21").code == 0  # stash runs on four levels
     texts = records(base)
-
-    def run_in(d):
-        return lambda: call(d, "forget", "--all")
     probe = str(tmp_path / "probe")
     shutil.copytree(base, probe)
-    calls = _steps(run_in(probe))
+    calls = _server_steps(crash_server, probe, ["forget", "--all"])
     for step in range(1, len(calls) + 1):
         for mode in ("before", "after"):
             d = str(tmp_path / ("s%d%s" % (step, mode)))
             shutil.copytree(base, d)
-            _crash_at(step, mode, run_in(d))
+            _crash_at(crash_server, step, mode, d, ["forget", "--all"])
             assert records(d) == texts
             with memo.Store(d) as st:
                 levels = memo.Levels(st, 64)
@@ -8193,15 +8191,57 @@ def _steps(run):
     return calls
 
 
-def _crash_at(step, mode, run):
-    """Fork; in the child, die by os._exit at seam step `step` (1-based):
-    "before" it, "torn" (a write_at writes half its data first) or "after"."""
+# The crashing children fork from a server of their own, a fresh interpreter
+# with memo loaded, not from this process: a child of pytest's (60 MB and
+# more) costs 3.5 to 6 ms here, one of the server's (11 MB) 2.5 ms, asked
+# and answered, and they are hundreds.
+CRASH_SERVER = r"""
+import io, json, os, sys
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+sys.dont_write_bytecode = True  # memo loaded as load_memo loads it
+spec = spec_from_loader("memo", SourceFileLoader("memo", sys.argv[1]))
+memo = module_from_spec(spec)
+spec.loader.exec_module(memo)
+memo.posix.fsync = lambda fd: None  # as in the test process (default_sizes)
+SEAM, CHUNK = {name: getattr(memo, name) for name in memo.SEAM}, memo.CHUNK_RECORDS
+
+
+def run(d, args, chunk, wrap):  # as call() runs a command, through `wrap`ped seam calls
+    saved = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin, sys.stdout, sys.stderr = io.StringIO(), io.StringIO(), io.StringIO()
+    try:
+        for name, f in SEAM.items():
+            setattr(memo, name, wrap(name, f))
+        memo.CHUNK_RECORDS = chunk or CHUNK
+        memo.COMMANDS[args[0]](d, args[1:])
+    except SystemExit:
+        pass
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+        memo.__dict__.update(SEAM, CHUNK_RECORDS=CHUNK)
+
+
+for line in sys.stdin:
+    step, mode, d, args, chunk = json.loads(line)
+    if not step:  # count the steps (and warm this process, as the test's is, for the rest)
+        calls = []
+
+        def counting(name, f):
+            def g(*a, **k):
+                calls.append(name)
+                return f(*a, **k)
+            return g
+        run(d, args, chunk, counting)
+        sys.stdout.write(json.dumps(calls) + "\n")
+        sys.stdout.flush()
+        continue
     pid = os.fork()
     if pid == 0:
         try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, 1)
-            os.dup2(null, 2)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
             count = [0]
 
             def crashing(name, f):
@@ -8216,13 +8256,45 @@ def _crash_at(step, mode, run):
                         os._exit(137)
                     return f(*a, **k)
                 return g
-            for name in memo.SEAM:
-                setattr(memo, name, crashing(name, getattr(memo, name)))
-            run()
+            run(d, args, chunk, crashing)
         finally:
             os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return status
+    sys.stdout.write("%d\n" % os.waitpid(pid, 0)[1])
+    sys.stdout.flush()
+"""
+
+
+@pytest.fixture(scope="module")
+def crash_server():
+    """The process that runs _crash_at's and _server_steps' commands (CRASH_SERVER)."""
+    p = subprocess.Popen([sys.executable, "-S", "-c", CRASH_SERVER, MEMO],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield p
+    p.stdin.close()
+    p.wait()
+
+
+def _ask(server, step, mode, d, args, chunk):
+    server.stdin.write(json.dumps([step, mode, str(d), list(args), chunk]) + "\n")
+    server.stdin.flush()
+    answer = server.stdout.readline()
+    assert answer, "the crash server died"
+    return json.loads(answer)
+
+
+def _server_steps(server, d, args, chunk=None):
+    """_steps of command `args` run on store `d` as call() runs it
+    (CHUNK_RECORDS `chunk`, if given), in `server` (crash_server)."""
+    return _ask(server, 0, None, d, args, chunk)
+
+
+def _crash_at(server, step, mode, d, args, chunk=None):
+    """In a child of `server`, run command `args` on store `d` as
+    _server_steps does, and die by os._exit at seam step `step` (1-based):
+    "before" it, "torn" (a write_at writes half its data first) or
+    "after".  (Its exit status says it did.)"""
+    status = _ask(server, step, mode, d, args, chunk)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 137, (step, mode, status)
 
 
 def _texts(d):
@@ -8250,7 +8322,7 @@ CRASH_CASES = {
 
 
 @pytest.mark.parametrize("case", CRASH_CASES, ids=list(CRASH_CASES))
-def test_crash_at_every_write_step(tmp_path, case):
+def test_crash_at_every_write_step(tmp_path, crash_server, case):
     """A process that dies at any call that changes the store (before it,
     half way through a write, or just after) leaves a store that readers
     see as before or after the whole command, never a mix; that verify
@@ -8271,18 +8343,9 @@ def test_crash_at_every_write_step(tmp_path, case):
         assert call(base, "forget", c["forget"]).code == 0
     old = _texts(base)
     new = None
-
-    def run_in(d):
-        def run():
-            memo.CHUNK_RECORDS = 3  # an import appends in several chunks
-            try:
-                call(d, *args)
-            finally:
-                memo.CHUNK_RECORDS = DEFAULT_CHUNK
-        return run
     probe = str(tmp_path / "probe")
     shutil.copytree(base, probe)
-    calls = _steps(run_in(probe))
+    calls = _server_steps(crash_server, probe, args, chunk=3)  # an import appends in chunks
     new = _texts(probe)
     assert len(calls) >= 2, calls
     for step, name in enumerate(calls, 1):
@@ -8293,7 +8356,7 @@ def test_crash_at_every_write_step(tmp_path, case):
         for mode in modes + ["after"]:
             d = str(tmp_path / ("s%d%s" % (step, mode)))
             shutil.copytree(base, d)
-            _crash_at(step, mode, run_in(d))
+            _crash_at(crash_server, step, mode, d, args, chunk=3)
             where = (case, step, mode)
             seen = _texts(d)
             assert len(seen) in c["ok"], (where, len(seen))
@@ -8394,8 +8457,6 @@ def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path,
         pay_all(d)
         v = call(d, "verify")
         assert v.code == 0, (where, v)
-
-DEFAULT_CHUNK = memo.CHUNK_RECORDS
 
 
 # ------------------------------------------------------------------------
