@@ -3227,13 +3227,13 @@ def run_all(d, commands, hist, env=None, timeout=20):
     return out
 
 
-def in_process(d, hist):
+def in_process(d, hist, commands=ALL_COMMANDS):
     """run_all, each command called through main in this process (quicker)."""
     out = {}
     old = os.environ.get("MEMORY_DIR")
     os.environ["MEMORY_DIR"] = str(d)
     try:
-        for args in ALL_COMMANDS:
+        for args in commands:
             o, e = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
                 with pytest.raises(SystemExit) as exit:
@@ -3282,10 +3282,10 @@ def test_a_directory_of_other_files_is_not_a_store(tmp_path):
     (d / "README").write_text("mine")
     hist = write_history(tmp_path / "h.txt", 3)
     before = listing(d)
-    for args, r in run_all(d, ALL_COMMANDS, hist).items():
+    for args, r in in_process(d, hist).items():
         assert r.code == 1 and one_line(r.err) and "not a memory store" in r.err, (args, r)
     assert listing(d) == before
-    r = cli(d, "init")
+    r = in_process(d, hist, [("init",)])[("init",)]
     assert r.code == 1 and "a store needs a directory of its own" in r.err, r
     assert listing(d) == before
 
@@ -3294,7 +3294,7 @@ def test_missing_store_is_never_created(tmp_path):
     """A mistyped MEMORY_DIR never starts a second, empty identity."""
     d = tmp_path / "typo"
     hist = write_history(tmp_path / "h.txt", 3)
-    for args, r in run_all(d, ALL_COMMANDS, hist).items():
+    for args, r in in_process(d, hist).items():
         assert r.code == 1 and "No memory at" in r.err and "Run:" not in r.err + r.out, args
     assert not d.exists()
 
@@ -3361,34 +3361,59 @@ def test_store_reads_are_bounded(tmp_path):
     once, not read whole (a config pointing at /dev/zero must not eat
     memory: the symlink case above)."""
     d = make_store(tmp_path / "m", ["event 0"])
-    write(os.path.join(d, "config"), b"# " + b"x" * (50 << 20) + b"\n")
+    with os.fdopen(os.open(os.path.join(d, "config"), os.O_WRONLY | os.O_CREAT, 0o600),
+                   "wb") as f:  # in three writes: a 50 MB concatenation costs 0.1 s
+        f.write(b"# ")
+        f.write(b"x" * (50 << 20))
+        f.write(b"\n")
     start = time.monotonic()
-    r = cli(d, "wake")
+    r = in_process(d, None, [("wake",)])[("wake",)]  # (main reads the config)
     assert r.code == 1 and "config" in r.err and "longer than" in r.err and one_line(r.err), r
     assert time.monotonic() - start < 5
     os.remove(os.path.join(d, "config"))
     write(os.path.join(d, ".journal"), b"memo-journal 1 import " + b"9" * 100000)
-    r = cli(d, "note", "x")
+    r = in_process(d, None, [("note", "x")])[("note", "x")]
     assert r.code == 1 and ".journal" in r.err and records(d) == ["event 0"], r
 
 
 def big_store(d, T):
     """A store of T memories with every summary, written directly (a
-    chunk at a time: fast, and this test's own memory stays flat)."""
+    chunk at a time: fast, and this test's own memory stays flat): the
+    records rec and srec write, 4,096 formatted at once."""
     os.makedirs(str(d), mode=0o700)
     os.mkdir(os.path.join(str(d), "TREE"), 0o700)
-    files = [("LOG.txt", T, lambda i: rec(i, "event %d" % i))]
+    # (file, records, memories a record covers, its width, its text of its first and last id)
+    files = [("LOG.txt", T, 1, LOG, ("#%%d %s event %%d" % DAY).encode())]
     size = 2
     while size <= T:
-        files.append((os.path.join("TREE", str(size)), T // size,
-                      lambda k, size=size: srec("sum %d-%d" % (k * size, k * size + size - 1))))
+        files.append((os.path.join("TREE", str(size)), T // size, size, TREE, b"sum %d-%d"))
         size *= 2
-    for name, n, record in files:
+    for name, n, size, width, text in files:
         with os.fdopen(os.open(os.path.join(str(d), name), os.O_WRONLY | os.O_CREAT, 0o600),
                        "wb") as f:
             for a in range(0, n, 4096):
-                f.write(b"".join(record(i) for i in range(a, min(n, a + 4096))))
+                b = min(n, a + 4096)
+                ids = itertools.chain.from_iterable(zip(range(a * size, b * size, size),
+                                                        range((a + 1) * size - 1, b * size, size)))
+                texts = ((text + b"\n") * (b - a) % tuple(ids)).split(b"\n")[:-1]
+                f.write(b"\n".join(map(bytes.ljust, texts, itertools.repeat(width - 1))) + b"\n")
     return str(d)
+
+
+@pytest.fixture
+def big_dir(tmp_path):
+    """Where big stores go: a directory of /dev/shm where it has room, else
+    tmp_path (on disk, memo's fsyncs wait for the 160 MB written, 600 MB
+    under MEMO_SLOW)."""
+    ram = None
+    with contextlib.suppress(OSError):
+        st = os.statvfs("/dev/shm")
+        if st.f_bavail * st.f_frsize > 2 * (LOG + TREE) << (20 if SLOW else 18) and \
+                os.access("/dev/shm", os.W_OK):
+            ram = mkdtemp(dir="/dev/shm", prefix="memo-test-")
+    yield ram or str(tmp_path)
+    if ram:
+        shutil.rmtree(ram)
 
 
 BOUNDED_RUNS = {  # each command of memo's table, as the test below runs them, in order
@@ -3407,7 +3432,7 @@ BOUNDED_RUNS = {  # each command of memo's table, as the test below runs them, i
 WHOLE_STORE_RUNS = (["export"], ["verify"], ["import", "--first", "HIST"])  # a second or more
 
 
-def test_every_command_runs_in_bounded_memory(tmp_path):
+def test_every_command_runs_in_bounded_memory(tmp_path, big_dir):
     """Regression, issue 25 A: at 2^18 memories `forget 0-1` read TREE/2's
     later summaries whole (37 MB) to keep them aside, and the stash's
     put-back read them whole again: under a 40 MB limit `forget` and
@@ -3426,7 +3451,7 @@ def test_every_command_runs_in_bounded_memory(tmp_path):
     def limited():
         resource.setrlimit(resource.RLIMIT_AS, (36 << 20, 36 << 20))
     for T in (1 << 18,) + ((1 << 20,) if SLOW else ()):
-        d = big_store(tmp_path / ("m%d" % T), T)
+        d = big_store(os.path.join(big_dir, "m%d" % T), T)
         for argv in (a for runs in BOUNDED_RUNS.values() for a in runs):
             if SLOW or argv not in WHOLE_STORE_RUNS:
                 r = cli(d, *[hist.get(a, a) for a in argv], preexec_fn=limited, timeout=300)
@@ -3610,6 +3635,17 @@ def test_zero_byte_in_padding_is_named_never_hidden(tmp_path):
     assert v.code == 1 and "Memory #4" in v.out and "Memory #5" in v.out, v
 
 
+def rewrite(path, data):
+    """File `path` made `data`, in place: one that O_TRUNC (write) cuts to
+    nothing is flushed by ext4 as it is closed, 0.2 ms to tens of ms a time."""
+    fd = os.open(str(path), os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
 def _mutations(data, positions):
     """Every single-byte deletion, insertion and change at `positions`."""
     for p in positions:
@@ -3637,7 +3673,7 @@ def test_no_single_byte_damage_ever_loses_a_whole_memory(tmp_path):
     shutil.copytree(str(base), d)
     path = os.path.join(d, "LOG.txt")
     for how, bad in _mutations(data, earlier + last):
-        write(path, bad)
+        rewrite(path, bad)
         for name in os.listdir(os.path.join(d, "TREE")):
             os.remove(os.path.join(d, "TREE", name))
         whole = {}
@@ -3950,22 +3986,31 @@ def _fsize_limit(limit):
     return pre
 
 
-def test_store_files_are_private_under_umask_022(tmp_path):
+@pytest.fixture
+def umask022():
+    """This process's umask 022 for the test (memo sets none: its modes are its own)."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_store_files_are_private_under_umask_022(tmp_path, umask022):
     """With umask 022: init makes the dir 0700 and its files 0600; files made
     later (.lock, TREE/<n>, .journal, .stash, LOG.txt and TREE/ in an empty
-    dir) are 0600 / 0700; wake says nothing about permissions."""
+    dir) are 0600 / 0700; wake says nothing about permissions.  (In-process
+    under umask022, but the import a file size limit stops.)"""
     d = str(tmp_path / "m")
-    r = cli(d, "init", preexec_fn=_umask022)
-    assert r.code == 0, r
+    r = _init_in_process(d)
+    assert r[0] == 0, r
     assert _mode(d) == 0o700
     for name in os.listdir(d):
         p = os.path.join(d, name)
         assert _mode(p) == (0o700 if os.path.isdir(p) else 0o600), name
     for text in ("one", "two", "three", "four"):
-        assert cli(d, "note", text, preexec_fn=_umask022).code == 0
+        assert call(d, "note", text).code == 0
     for block in ("0-1", "2-3", "0-3"):
-        assert cli(d, "sleep", block, "sum", preexec_fn=_umask022).code == 0
-    assert cli(d, "forget", "0-1", preexec_fn=_umask022).code == 0  # 2-3 to the stash
+        assert call(d, "sleep", block, "sum").code == 0
+    assert call(d, "forget", "0-1").code == 0  # 2-3 to the stash
     assert os.path.isdir(os.path.join(d, ".stash"))
     _assert_private(d)
     hist = write_history(tmp_path / "h.txt", 5)
@@ -3976,13 +4021,13 @@ def test_store_files_are_private_under_umask_022(tmp_path):
     r = cli(d, "import", hist, preexec_fn=full)
     assert r.code == 1, r
     _assert_private(d)  # whatever the failed import left (.journal) is private too
-    r = cli(d, "wake", preexec_fn=_umask022)
+    r = call(d, "wake")
     assert r.err == "", r
     e = str(tmp_path / "empty")
     os.mkdir(e, 0o700)
-    assert cli(e, "note", "a", preexec_fn=_umask022).code == 0
-    assert cli(e, "note", "b", preexec_fn=_umask022).code == 0
-    assert cli(e, "sleep", "0-1", "s", preexec_fn=_umask022).code == 0
+    assert call(e, "note", "a").code == 0
+    assert call(e, "note", "b").code == 0
+    assert call(e, "sleep", "0-1", "s").code == 0
     _assert_private(d)
     _assert_private(e)
 
@@ -4320,7 +4365,7 @@ def test_a_log_memo_did_not_write_is_not_a_store(tmp_path, case):
     hist = write_history(tmp_path / "h.txt", 3)
     commands = ALL_COMMANDS if case == "whole records of text" else [  # (the others: a few)
         ("wake",), ("note", "x"), ("import", "HIST"), ("verify",)]
-    for args, r in list(run_all(d, commands, hist).items()) + [(("init",), cli(d, "init"))]:
+    for args, r in in_process(d, hist, commands + [("init",)]).items():
         assert r.code == 1 and one_line(r.err) and r.out == "", (args, r)
         assert r.err.startswith("%s is not a memory store: its LOG.txt is not a log memo "
                                 "wrote" % d), (args, r)
@@ -4350,8 +4395,8 @@ def test_a_project_holding_a_file_named_as_memos_is_not_a_store(tmp_path, mark):
     if mark.startswith("LOG.txt"):
         (d / "LOG.txt").write_text("")
     before = listing(d)
-    for args in (("note", "x"), ("wake",), ("import", str(write_history(tmp_path / "h", 2)))):
-        r = cli(d, *args)
+    hist = write_history(tmp_path / "h", 2)
+    for args, r in in_process(d, hist, [("note", "x"), ("wake",), ("import", "HIST")]).items():
         assert r.code == 1 and r.err.startswith("%s is not a memory store" % d), (args, r)
         assert one_line(r.err) and "()" not in r.err, r
     assert listing(d) == before
@@ -5827,7 +5872,7 @@ def test_memory_dir_wins_over_a_memo_above_it(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["file", "symlink to a store", "dangling symlink"])
-def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
+def test_a_memo_that_is_no_directory_is_refused(tmp_path, monkeypatch, what):
     """A .memo that is a file or a symlink is refused in one line by every
     command that needs a store, init --here too, as every store file is:
     never followed, nothing written through it."""
@@ -5842,13 +5887,23 @@ def test_a_memo_that_is_no_directory_is_refused(tmp_path, what):
     else:
         os.symlink(target if what == "symlink to a store" else str(tmp_path / "none"), str(link))
     kind = "a file" if what == "file" else "a symbolic link"
+    # as in_project runs memo (in sub, HOME=home, no MEMORY_DIR), through main in-process
+    monkeypatch.chdir(str(sub))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("MEMORY_DIR", raising=False)
+
+    def run(*args):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                pytest.raises(SystemExit) as e:
+            memo.main(list(args))
+        return Result(e.value.code, out.getvalue(), err.getvalue())
     for args in (["wake"], ["note", "x"], ["recall", "x"], ["init", "--here"], ["init"]):
-        r = in_project(sub, *args, home=home)
-        assert r.returncode == 1 and one_line(r.stderr), (args, r)
-        assert r.stderr.startswith("%s is %s, not a directory" % (link, kind)), (args, r)
+        r = run(*args)
+        assert r.code == 1 and one_line(r.err), (args, r)
+        assert r.err.startswith("%s is %s, not a directory" % (link, kind)), (args, r)
     assert store_bytes(target) == before and os.listdir(str(sub)) == []
-    assert "is %s, not a directory" % kind in " ".join(
-        in_project(sub, "help", home=home).stdout.split())
+    assert "is %s, not a directory" % kind in " ".join(run("help").out.split())
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
@@ -6260,12 +6315,36 @@ def order(out):
     return re.search(r"^Run: memo (.*)$", out, re.M).group(1).split()
 
 
-def test_wake_snapshot_is_stable(store, tmp_path):
+def pay_directly(d):
+    """What pay_all writes in store `d`, which has no summary, written
+    directly: each summary compress's line of its halves' texts (600 naps
+    paid in-process cost 0.3 s)."""
+    assert not any(tree_sizes(d).values()), tree_sizes(d)
+    leaves = records(d)
+    texts = {}
+
+    def text(lo, hi):
+        if hi - lo == 1:
+            return leaves[lo]
+        if (lo, hi) not in texts:
+            halves = " / ".join((text(lo, (lo + hi) // 2), text((lo + hi) // 2, hi)))
+            texts[lo, hi] = halves.encode()[:200].decode("utf-8", "ignore").strip()
+        return texts[lo, hi]
+    size = 2
+    while size <= len(leaves):
+        write(os.path.join(d, "TREE", str(size)), b"".join(
+            srec(text(lo, lo + size)) for lo in range(0, len(leaves) - size + 1, size)))
+        size *= 2
+
+
+def test_wake_snapshot_is_stable(store):
     """A note and a paid nap between `wake k T` calls change no part's
     lines (only the last part's live count of pending naps may change),
     and the check part 1's order carries still holds."""
-    imported(store, tmp_path, 600)
-    pay_all(store)
+    # what imported(store, tmp_path, 600) then pay_all(store) leave, written directly
+    write(os.path.join(store, "LOG.txt"), b"".join(rec(i, "event %d happened" % i)
+                                                   for i in range(600)))
+    pay_directly(store)
     memo.PART_CHARS = 6000
     first = call(store, "wake", "1", "600").out
     assert "part 1 of" in first and re.search(r"^Run: memo wake 2 600 [0-9a-f]{8}$", first, re.M)
@@ -6309,6 +6388,7 @@ def test_a_wake_snapshot_that_changed_under_it_says_start_over(store, tmp_path, 
         r = call(store, "import", "--first", write_history(tmp_path / "old.txt", 8,
                                                            day="2019-01-01"))
         assert r.code == 0, r
+        pay_directly(store)  # its 605 naps, as pay_all pays them
     pay_all(store)
     r = call(store, *nxt)
     assert r.code == 1 and r.out == "" and r.err.count("\n") == 2 and r.err.endswith(
@@ -7071,24 +7151,22 @@ def test_forget_all_drops_every_summary_and_keeps_every_memory(tmp_path):
         memo.COMMAND["forget"].full_help().split())
 
 
-def test_forget_all_killed_at_any_step_leaves_every_summary_on_its_halves(tmp_path):
+def test_forget_all_killed_at_any_step_leaves_every_summary_on_its_halves(tmp_path,
+                                                                         crash_server):
     """A `forget --all` killed at any step leaves the memories as they were,
     and every summary there is (in TREE or the stash) on its two halves:
     the stash goes first, then the levels, larger blocks first."""
     base = make_store(tmp_path / "base", ["event %d" % i for i in range(64)], tree=paid_tree(64))
     assert call(base, "forget", "20-21").code == 0  # stash runs on four levels
     texts = records(base)
-
-    def run_in(d):
-        return lambda: call(d, "forget", "--all")
     probe = str(tmp_path / "probe")
     shutil.copytree(base, probe)
-    calls = _steps(run_in(probe))
+    calls = _server_steps(crash_server, probe, ["forget", "--all"])
     for step in range(1, len(calls) + 1):
         for mode in ("before", "after"):
             d = str(tmp_path / ("s%d%s" % (step, mode)))
             shutil.copytree(base, d)
-            _crash_at(step, mode, run_in(d))
+            _crash_at(crash_server, step, mode, d, ["forget", "--all"])
             assert records(d) == texts
             with memo.Store(d) as st:
                 levels = memo.Levels(st, 64)
@@ -8234,15 +8312,57 @@ def _steps(run):
     return calls
 
 
-def _crash_at(step, mode, run):
-    """Fork; in the child, die by os._exit at seam step `step` (1-based):
-    "before" it, "torn" (a write_at writes half its data first) or "after"."""
+# The crashing children fork from a server of their own, a fresh interpreter
+# with memo loaded, not from this process: a child of pytest's (60 MB and
+# more) costs 3.5 to 6 ms here, one of the server's (11 MB) 2.5 ms, asked
+# and answered, and they are hundreds.
+CRASH_SERVER = r"""
+import io, json, os, sys
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+sys.dont_write_bytecode = True  # memo loaded as load_memo loads it
+spec = spec_from_loader("memo", SourceFileLoader("memo", sys.argv[1]))
+memo = module_from_spec(spec)
+spec.loader.exec_module(memo)
+memo.posix.fsync = lambda fd: None  # as in the test process (default_sizes)
+SEAM, CHUNK = {name: getattr(memo, name) for name in memo.SEAM}, memo.CHUNK_RECORDS
+
+
+def run(d, args, chunk, wrap):  # as call() runs a command, through `wrap`ped seam calls
+    saved = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin, sys.stdout, sys.stderr = io.StringIO(), io.StringIO(), io.StringIO()
+    try:
+        for name, f in SEAM.items():
+            setattr(memo, name, wrap(name, f))
+        memo.CHUNK_RECORDS = chunk or CHUNK
+        memo.COMMANDS[args[0]](d, args[1:])
+    except SystemExit:
+        pass
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+        memo.__dict__.update(SEAM, CHUNK_RECORDS=CHUNK)
+
+
+for line in sys.stdin:
+    step, mode, d, args, chunk = json.loads(line)
+    if not step:  # count the steps (and warm this process, as the test's is, for the rest)
+        calls = []
+
+        def counting(name, f):
+            def g(*a, **k):
+                calls.append(name)
+                return f(*a, **k)
+            return g
+        run(d, args, chunk, counting)
+        sys.stdout.write(json.dumps(calls) + "\n")
+        sys.stdout.flush()
+        continue
     pid = os.fork()
     if pid == 0:
         try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, 1)
-            os.dup2(null, 2)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
             count = [0]
 
             def crashing(name, f):
@@ -8257,13 +8377,45 @@ def _crash_at(step, mode, run):
                         os._exit(137)
                     return f(*a, **k)
                 return g
-            for name in memo.SEAM:
-                setattr(memo, name, crashing(name, getattr(memo, name)))
-            run()
+            run(d, args, chunk, crashing)
         finally:
             os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return status
+    sys.stdout.write("%d\n" % os.waitpid(pid, 0)[1])
+    sys.stdout.flush()
+"""
+
+
+@pytest.fixture(scope="module")
+def crash_server():
+    """The process that runs _crash_at's and _server_steps' commands (CRASH_SERVER)."""
+    p = subprocess.Popen([sys.executable, "-S", "-c", CRASH_SERVER, MEMO],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield p
+    p.stdin.close()
+    p.wait()
+
+
+def _ask(server, step, mode, d, args, chunk):
+    server.stdin.write(json.dumps([step, mode, str(d), list(args), chunk]) + "\n")
+    server.stdin.flush()
+    answer = server.stdout.readline()
+    assert answer, "the crash server died"
+    return json.loads(answer)
+
+
+def _server_steps(server, d, args, chunk=None):
+    """_steps of command `args` run on store `d` as call() runs it
+    (CHUNK_RECORDS `chunk`, if given), in `server` (crash_server)."""
+    return _ask(server, 0, None, d, args, chunk)
+
+
+def _crash_at(server, step, mode, d, args, chunk=None):
+    """In a child of `server`, run command `args` on store `d` as
+    _server_steps does, and die by os._exit at seam step `step` (1-based):
+    "before" it, "torn" (a write_at writes half its data first) or
+    "after".  (Its exit status says it did.)"""
+    status = _ask(server, step, mode, d, args, chunk)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 137, (step, mode, status)
 
 
 def _texts(d):
@@ -8291,7 +8443,7 @@ CRASH_CASES = {
 
 
 @pytest.mark.parametrize("case", CRASH_CASES, ids=list(CRASH_CASES))
-def test_crash_at_every_write_step(tmp_path, case):
+def test_crash_at_every_write_step(tmp_path, crash_server, case):
     """A process that dies at any call that changes the store (before it,
     half way through a write, or just after) leaves a store that readers
     see as before or after the whole command, never a mix; that verify
@@ -8312,18 +8464,9 @@ def test_crash_at_every_write_step(tmp_path, case):
         assert call(base, "forget", c["forget"]).code == 0
     old = _texts(base)
     new = None
-
-    def run_in(d):
-        def run():
-            memo.CHUNK_RECORDS = 3  # an import appends in several chunks
-            try:
-                call(d, *args)
-            finally:
-                memo.CHUNK_RECORDS = DEFAULT_CHUNK
-        return run
     probe = str(tmp_path / "probe")
     shutil.copytree(base, probe)
-    calls = _steps(run_in(probe))
+    calls = _server_steps(crash_server, probe, args, chunk=3)  # an import appends in chunks
     new = _texts(probe)
     assert len(calls) >= 2, calls
     for step, name in enumerate(calls, 1):
@@ -8334,7 +8477,7 @@ def test_crash_at_every_write_step(tmp_path, case):
         for mode in modes + ["after"]:
             d = str(tmp_path / ("s%d%s" % (step, mode)))
             shutil.copytree(base, d)
-            _crash_at(step, mode, run_in(d))
+            _crash_at(crash_server, step, mode, d, args, chunk=3)
             where = (case, step, mode)
             seen = _texts(d)
             assert len(seen) in c["ok"], (where, len(seen))
@@ -8362,8 +8505,7 @@ SAID_SAVED = re.compile(r"^(Saved as|Imported|Forgot|Redacted|\d+-\d+ saved\.)",
 
 
 @pytest.mark.parametrize("case", CRASH_CASES, ids=list(CRASH_CASES))
-def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path, monkeypatch,
-                                                                        case):
+def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path, case):
     """Issue 25 A: a MemoryError is never a traceback nor a half-done
     write.  At each call that changes the store (SEAM), in turn, memo runs
     out of memory instead: one line on stderr, and either exit 0 with the
@@ -8408,14 +8550,15 @@ def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path,
                     raise MemoryError()
                 return f(*a, **k)
             return g
-        for name in memo.SEAM:
-            monkeypatch.setattr(memo, name, failing(getattr(memo, name)))
-        monkeypatch.setenv("MEMORY_DIR", d)
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                pytest.raises(SystemExit) as e:
-            memo.main(list(args))
-        monkeypatch.undo()
+        # a monkeypatch of its own: undoing the test's would undo default_sizes' fsync too
+        with pytest.MonkeyPatch.context() as patched:
+            for name in memo.SEAM:
+                patched.setattr(memo, name, failing(getattr(memo, name)))
+            patched.setenv("MEMORY_DIR", d)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                    pytest.raises(SystemExit) as e:
+                memo.main(list(args))
         r, where = Result(e.value.code, out.getvalue(), err.getvalue()), (case, step)
         assert one_line(r.err) and "MemoryError" not in r.err, (where, r)
         if r.code == 0:
@@ -8435,8 +8578,6 @@ def test_out_of_memory_at_any_step_is_one_line_never_a_half_done_write(tmp_path,
         pay_all(d)
         v = call(d, "verify")
         assert v.code == 0, (where, v)
-
-DEFAULT_CHUNK = memo.CHUNK_RECORDS
 
 
 # ------------------------------------------------------------------------
@@ -9434,28 +9575,42 @@ def test_memo_has_no_assert():
     assert not [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert)]
 
 
+@pytest.fixture(scope="module")
+def cached_install(tmp_path_factory):
+    """An install run once, so its caches are as memo writes them (the
+    compile costs 0.07 s: once for every damage), and a store for it:
+    ``(memo, store)``.  A test that damages a cache puts it back."""
+    root = tmp_path_factory.mktemp("cached")
+    exe = _install(root / "clone")
+    d = make_store(root / "m", ["event 0", "event 1"])
+    assert subprocess.run([str(exe), "recall", "event"], env=env_for(d)).returncode == 0
+    return exe, d
+
+
 @pytest.mark.parametrize("name, damage", [
     (name, damage) for name in ("memocpython", "blocks")
     for damage in ("garbage", "truncated", "zeroed", "empty")
     if SLOW or name == "memocpython" or damage in ("garbage", "zeroed")])  # (the rest: slow)
-def test_a_damaged_cache_is_replaced(tmp_path, name, damage):
+def test_a_damaged_cache_is_replaced(cached_install, name, damage):
     """A cache file, of memo or of blocks.py, that is
     garbage, cut short (a valid header, half the code), zeroed past its
     header or empty: memo runs as ever, and writes a good cache again.
     (Regression, attack: a damaged cache of blocks.py stopped every
     command, with a fix, `git checkout blocks.py`, that could not fix it.)"""
-    exe = _install(tmp_path / "clone")  # the caches as memo writes them, to compare with
-    d = make_store(tmp_path / "m", ["event 0", "event 1"])
-    assert subprocess.run([str(exe), "recall", "event"], env=env_for(d)).returncode == 0
-    cache = tmp_path / "clone" / "__pycache__"
+    exe, d = cached_install  # the caches as memo writes them, to compare with
+    cache = exe.parent / "__pycache__"
     pyc = next(p for p in cache.iterdir() if p.name.startswith(name))
     data = pyc.read_bytes()
-    pyc.write_bytes({"garbage": os.urandom(len(data)), "truncated": data[:len(data) // 2],
-                     "zeroed": data[:16] + b"\0" * (len(data) - 16), "empty": b""}[damage])
-    r = subprocess.run([str(exe), "recall", "event"], env=env_for(d), capture_output=True,
-                       text=True)
-    assert r.returncode == 0 and r.stdout.endswith("2 matches.\n") and not r.stderr, r
-    assert pyc.read_bytes()[16:] == data[16:], "the cache is written again"
+    rewrite(pyc, {"garbage": os.urandom(len(data)), "truncated": data[:len(data) // 2],
+                  "zeroed": data[:16] + b"\0" * (len(data) - 16), "empty": b""}[damage])
+    try:
+        r = subprocess.run([str(exe), "recall", "event"], env=env_for(d), capture_output=True,
+                           text=True)
+        assert r.returncode == 0 and r.stdout.endswith("2 matches.\n") and not r.stderr, r
+        assert pyc.read_bytes()[16:] == data[16:], "the cache is written again"
+    finally:
+        if pyc.read_bytes() != data:
+            rewrite(pyc, data)
 
 
 def test_pythondontwritebytecode_holds_for_modules_not_memos(tmp_path):
@@ -9636,21 +9791,29 @@ def test_the_fast_start_prints_what_a_plain_run_prints(tmp_path):
     """For every command, memo run through its shebang (the cached fast
     start) prints byte for byte what `python3 memo ...` (compiled each time)
     prints, and exits the same; under this Python, 3.7 and the newest."""
-    pythons = [sys.executable] + _pythons()
-    for k, python in enumerate(pythons):
-        args_here = FAST_ARGS if k == 0 else FAST_ARGS[::4]  # others: a sample
-        d = make_store(tmp_path / ("m%d" % k), ["event %d" % i for i in range(40)],
-                       tree=paid_tree(40))
+    base = make_store(tmp_path / "base", ["event %d" % i for i in range(40)], tree=paid_tree(40))
+    pairs = []  # (python, args, a store of their own)
+    for k, python in enumerate([sys.executable] + _pythons()):
+        for args in FAST_ARGS if k == 0 else FAST_ARGS[::4]:  # others: a sample
+            d = str(tmp_path / ("m%d" % len(pairs)))
+            shutil.copytree(base, d)
+            pairs.append((python, args, d))
+
+    def fast_and_plain(pair):
+        python, args, d = pair
         env = dict(env_for(d), PATH=os.path.dirname(python) + os.pathsep + BASE_ENV["PATH"])
-        for args in args_here:
-            stdin = b"noted through stdin\n" if "-" in args else None
-            fast = subprocess.run([MEMO] + list(args), env=env, input=stdin, capture_output=True)
+        stdin = b"noted through stdin\n" if "-" in args else None
+        runs = []
+        for argv in ([MEMO], [python, MEMO]):
+            runs.append(subprocess.run(argv + list(args), env=env, input=stdin,
+                                       capture_output=True))
             if args == ("note", "-"):
                 os.truncate(os.path.join(d, "LOG.txt"), 40 * LOG)
-            plain = subprocess.run([python, MEMO] + list(args), env=env, input=stdin,
-                                   capture_output=True)
-            if args == ("note", "-"):
-                os.truncate(os.path.join(d, "LOG.txt"), 40 * LOG)
-            assert (fast.returncode, fast.stdout, fast.stderr) == \
-                (plain.returncode, plain.stdout, plain.stderr), (python, args)
-            assert b"Traceback" not in fast.stderr, (python, args, fast.stderr)
+        return runs
+    # two pairs at a time, each on a store of its own: a plain run compiles memo (0.1 s)
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(fast_and_plain, pairs))
+    for (python, args, d), (fast, plain) in zip(pairs, done):
+        assert (fast.returncode, fast.stdout, fast.stderr) == \
+            (plain.returncode, plain.stdout, plain.stderr), (python, args)
+        assert b"Traceback" not in fast.stderr, (python, args, fast.stderr)
