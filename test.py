@@ -3141,6 +3141,29 @@ def signal_self_in(function, signum):
             "memo.%s = f" % (function, signum, function))
 
 
+# memo meets an exception in a callback Python cannot raise it from (as a Ctrl-C
+# in an import lock's weakref callback does), then wakes
+SIGNAL_IN_A_CALLBACK = ("import gc\n_w = memo.cmd_wake\nclass Late:\n"
+                        "    def __del__(self):\n        raise %s\n"
+                        "def w(*a):\n    Late()\n    gc.collect()\n    return _w(*a)\n"
+                        "memo.cmd_wake = w\nmemo.COMMANDS['wake'] = w")
+
+
+@pytest.mark.parametrize("raised, said", [("KeyboardInterrupt()", ""),
+                                          ("memo.Stopped(15)", ""),
+                                          ("OSError(5, 'gone')", "memo: OSError: [Errno 5] gone\n")])
+def test_an_exception_python_cannot_raise_is_no_traceback(tmp_path, raised, said):
+    """Regression (a flake of test_ctrl_c_and_sigterm_at_any_moment): a
+    Ctrl-C that landed in an import lock's weakref callback, where Python
+    cannot raise it, printed `Exception ignored ... Traceback`.  Python goes
+    on, as memo does, saying nothing of the signal (it came too late to stop
+    it) and any other such exception in one line."""
+    d = make_store(tmp_path / "m", ["event"])
+    r = subprocess.run(quick(patch=SIGNAL_IN_A_CALLBACK % raised) + [MEMO, "wake"],
+                       env=env_for(d), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.endswith("You are awake.\n") and r.stderr == said, r
+
+
 SIGNAL_WINDOWS = {  # command, where the signal lands, whether it was saved
     "note, after its write": (("note", "late"), "sync", True),
     "import, after its rows": (("import", "-"), "Store.end_journal", True),
