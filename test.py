@@ -3685,7 +3685,9 @@ def test_no_single_byte_damage_ever_loses_a_whole_memory(tmp_path):
     last three records of a small store (the last one whole, the others
     sampled; all under MEMO_SLOW), then `note`: every memory whose record
     is whole stays byte for byte at its place, and a note either goes after
-    them or writes nothing; only memo's own unfinished write is ever cut."""
+    them or writes nothing; only memo's own unfinished write is ever cut.
+    Before the note, export and recall show every whole memory (regression
+    (attack): a byte in a padding made both show none of its chunk)."""
     base = tmp_path / "base"
     make_store(base, ["memory %d of many" % i for i in range(5)], tree=paid_tree(5))
     data = log_bytes(base)
@@ -3706,6 +3708,11 @@ def test_no_single_byte_damage_ever_loses_a_whole_memory(tmp_path):
                 whole[i] = bad[i * LOG:(i + 1) * LOG]
             except memo.Damaged:
                 pass
+        rows = [(i,) + memo.parse_memory(i, record) for i, record in whole.items()]
+        assert call(d, "export").out.splitlines() == [
+            "%s %s" % (date, memo.shown(text)) for _, date, text in rows], how
+        assert re.findall("^#.*", call(d, "recall", "of many").out, re.M) == [
+            memo.memory_line(*row) for row in rows if re.search("of many", row[2], re.I)], how
         r = call(d, "note", "the new one")
         after = log_bytes(d)
         for i, record in whole.items():
@@ -3719,6 +3726,18 @@ def test_no_single_byte_damage_ever_loses_a_whole_memory(tmp_path):
             assert not cut[:zeros].strip(b"\0") and memo.torn(
                 bad[(m - 1) * LOG:m * LOG] if m else b"", cut[zeros:], b"#%d " % (m - 1), LOG), \
                 (how, r)
+
+
+def test_text_in_the_padding_of_a_short_id_is_named_not_shown(tmp_path):
+    """Regression (attack): recall took a record's text to end where the
+    chunk's last, longest id lets it, so bytes in the padding of #5 beside
+    #1199 were shown as its text, exit 0, no damage named."""
+    d = make_store(tmp_path / "m", ["memory %d" % i for i in range(1200)])
+    with open(os.path.join(d, "LOG.txt"), "r+b") as f:
+        f.seek(5 * LOG + 294)
+        f.write(b"ZQX")
+    r = call(d, "recall", "zqx")
+    assert r.code == 1 and "#5 " not in r.out and "Memory #5 holds bytes in its padding" in r.err, r
 
 
 # -- a journal is trusted only when it is memo's own (§2) --------------------
