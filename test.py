@@ -635,13 +635,14 @@ def test_a_record_stored_decomposed_is_found_by_either_form_and_named_by_verify(
     by either form, with -C and --all too, shows it as stored, and verify
     names it, with a fix."""
     nfd = unicodedata.normalize("NFD", "r\u00e9union \u00e0 Z\u00fcrich")
-    d = text_store(tmp_path, ["first", nfd, "caf\u00e9 " * 3, "last"])
+    d = text_store(tmp_path, ["first", nfd, "caf\u00e9 " * 3, "last", "I\u0307stanbul office"])
     for pattern in ("r\u00e9union", nfd.split()[0], "Z\u00dcRICH", "union \u00e0 z\u00fc", "^#1 "):
         for args in ((), ("--all",), ("-C", "1")):
             r = call(d, "recall", *args, pattern)
             assert r.code == 0 and "\n#1 %s %s\n" % (DAY, nfd) in "\n" + r.out and \
                 "1 match." in r.out, (pattern, args, r)  # shown as stored
     assert call(d, "recall", "caf\u00e9 caf").out.startswith("#2 ")
+    assert call(d, "recall", "istanbul").out.startswith("#4 ")  # (İ: I and U+0307; attack)
     v = call(d, "verify")
     assert v.code == 1 and "Memory #1 is not in NFC" in v.out and "Fix:" in v.out, v
     assert "#2" not in v.out and "#0" not in v.out, v
@@ -5081,6 +5082,10 @@ def test_what_matches_or_becomes_ascii():
             nfc[chr(c)] = form
     assert found == {"i": ["\u0130", "\u0131"], "s": ["\u017f"], "k": ["\u212a"]}
     assert nfc == {"\u037e": ";", "\u1fef": "`", "\u212a": "K"}
+    # and of those only İ is made of more: I and U+0307 (regression (attack): recall missed a
+    # decomposed İstanbul for `istanbul`)
+    assert [unicodedata.normalize("NFD", c) for c in "\u0130\u0131\u017f\u212a\u037e\u1fef"
+            if len(unicodedata.normalize("NFD", c)) > 1] == ["I\u0307"]
 
 
 RECALL_WORDS = ("memory number thing happened at work flask Jinja kelvin KELVIN Kelvin "
@@ -5092,7 +5097,7 @@ RECALL_WORDS = ("memory number thing happened at work flask Jinja kelvin KELVIN 
 # and Angstrom signs, a Greek question mark and varia, which NFC makes `K`,
 # `Å`, `;` and `` ` ``.  In some stores only: a chunk that is not NFC takes
 # a path of its own.
-NFD_WORDS = ("cafe\u0301 CAFE\u0301 Zu\u0308rich jo\u0303a\u0303o a;b\u037e x\u1fefy "
+NFD_WORDS = ("cafe\u0301 CAFE\u0301 Zu\u0308rich jo\u0303a\u0303o a;b\u037e x\u1fefy I\u0307stanbul "
              "\u212aelvin \u212aISS \u212a \u212bngström").split(" ")
 
 RECALL_PATTERNS = [
