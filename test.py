@@ -829,6 +829,11 @@ HOSTILE = [  # (text, the character memo must name, its position, 1-based)
     pytest.param("hello \u0301", 0x0301, 7, id="combining-mark-after-a-space"),
     # regression (third attack): stacked marks, a mark on a joiner
     pytest.param("a" + "\u0300\u0301" * 9, 0x0301, 18, id="seventeen-marks-on-one-letter"),
+    # regression (attack): a joiner kept beside a letter of any script (for Latin's ligatures)
+    # passed at a word's start or end too, where no script uses one
+    pytest.param("\u200cabc", 0x200C, 1, id="zwnj-starting-a-text"),
+    pytest.param("a\u200c b", 0x200C, 2, id="zwnj-before-a-space"),
+    pytest.param("word\u200d!", 0x200D, 5, id="zwj-before-punctuation"),
 ]
 
 
@@ -917,6 +922,8 @@ REAL_TEXT = [
     # ligature with them (Unicode 15.1 §23.2; Duden's "Auf\u200clage")
     pytest.param("Auf\u200clage, Schaf\u200cfell", id="german-zwnj"),
     pytest.param("o\u200de and f\u200di", id="latin-zwj-ligature"),
+    # regression (attack): RGI emoji 15.1's head shaking, its ↔ a math symbol (Sm), not So
+    pytest.param("no \U0001F642\u200d\u2194\ufe0f", id="emoji-zwj-math-arrow"),
 ]
 
 
@@ -1048,7 +1055,9 @@ def test_sleep_by_hand_keeps_the_agents_line(tmp_path, line):
     "Answer with that one line only", "Compress memories #0-1 into one line of",
     "Keep names, numbers, decisions and outcomes; invent nothing.",
     'Run: memo sleep 0-1@0c1f2e3d "<your line>"', "Answer with that one line only.",
-    "1 compression remains after this one.", "12 compressions remain after this one."])
+    "1 compression remains after this one.", "12 compressions remain after this one.",
+    # regression (attack): a joiner kept in a word split it, and the line passed
+    "Compress memories #0-1 into one l\u200cine of at most 280 bytes."])
 def test_sleep_by_hand_refuses_a_line_of_memos_prompt(tmp_path, line):
     """Issue 24: a line memo itself printed in a nap's prompt (an agent that
     pasted the wrong line, `head -1` of the prompt) is refused: nothing saved."""
