@@ -3738,6 +3738,21 @@ def test_no_single_byte_damage_ever_loses_a_whole_memory(tmp_path):
                 (how, r)
 
 
+@pytest.mark.parametrize("args", [("forget", "0-1"), ("redact", "1", "--yes")])
+def test_a_write_that_would_cut_a_levels_damaged_end_refuses(tmp_path, args):
+    """Regression (attack): with TREE/4's last summary, 4-7, short of its
+    newline, `forget 0-1` (and a redact under it) cut TREE/4 to nothing and
+    kept the others aside, but not 4-7, saying nothing: verify said OK with
+    it gone.  A write that would cut a level's damaged end refuses, naming
+    it with its fix, and changes nothing."""
+    d = make_store(tmp_path / "m", ["m %d" % i for i in range(8)], tree=paid_tree(8))
+    os.truncate(os.path.join(d, "TREE", "4"), 2 * TREE - 1)
+    before = store_bytes(d)
+    r = call(d, *args)
+    assert r.code == 1 and "4-7, lost its newline. Fix: printf" in r.err, r
+    assert store_bytes(d) == dict(before, **{".lock": b""})  # (a writer's lock file)
+
+
 def test_text_in_the_padding_of_a_short_id_is_named_not_shown(tmp_path):
     """Regression (attack): recall took a record's text to end where the
     chunk's last, longest id lets it, so bytes in the padding of #5 beside
@@ -4779,10 +4794,10 @@ def test_an_unfinished_redact_of_a_torn_record_reads_as_redacted(tmp_path):
 
 
 @pytest.mark.parametrize("redacting", [None, 0, 5, 6, 39])
-def test_dates_answers_as_date_does_for_each_memory(tmp_path, redacting):
+def test_dates_answers_as_each_memory_does(tmp_path, redacting):
     """Store.dates reads two neighbours at once (wake's dates, where one
     block ends and the next begins); for any set of ids it answers as
-    Store.date does for each, an unfinished redact's torn record too."""
+    Store.memory does for each, an unfinished redact's torn record too."""
     d = str(tmp_path / "m")
     make_store(d)
     write(os.path.join(d, "LOG.txt"), b"".join(
@@ -4797,7 +4812,7 @@ def test_dates_answers_as_date_does_for_each_memory(tmp_path, redacting):
     with memo.Store(d) as st:
         for ids in [set(range(40)), {4, 5, 6, 7}, {5}, {6}, {5, 6}, {0, 1, 38, 39}, {39}] + [
                 set(rng.sample(range(40), rng.randint(1, 12))) for _ in range(30)]:
-            assert st.dates(ids) == {i: st.date(i) for i in ids}, ids
+            assert st.dates(ids) == {i: st.memory(i)[0] for i in ids}, ids
 
 
 def _redacting_store(d, T, redacting):
