@@ -5920,7 +5920,7 @@ def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
     store = proj / ".memo"
     assert r.returncode == 0 and "Created %s." % store in r.stdout, r
     assert "echo .memo/ >> .gitignore" in r.stdout and "MEMORY_DIR" not in r.stdout, r
-    assert "Your memory is this project's, %s" % store in r.stdout, r
+    assert "Your memory is this project's, %s" % store in r.stdout and "Note:" not in r.stdout, r
     assert stat.S_IMODE(os.stat(str(store)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(str(store / "LOG.txt")).st_mode) == 0o600
     assert in_project(deep, "note", "kept in the project", home=home).returncode == 0
@@ -5938,6 +5938,10 @@ def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
     assert b"the nearest" in log_bytes(inner) and b"the nearest" not in log_bytes(store)
     r = in_project(tmp_path, "wake", home=home)  # outside: ~/memory, which is not there
     assert r.returncode == 1 and "No memory at %s" % (home / "memory") in r.stderr, r
+    assert in_project(tmp_path, "init", home=home).returncode == 0  # (agent trial: it hid
+    (tmp_path / "other").mkdir()  # ~/memory unsaid, as README says it tells)
+    r = in_project(tmp_path / "other", "init", "--here", home=home)
+    assert "now hides %s." % (home / "memory") in r.stdout, r
     assert "~/memory (no MEMORY_DIR; no .memo" in " ".join(
         in_project(tmp_path, "help", home=home).stdout.split())
     assert in_project(tmp_path, "init", home=home).returncode == 0
