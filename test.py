@@ -3158,10 +3158,11 @@ def signal_self_in(function, signum):
 
 
 # memo meets an exception in a callback Python cannot raise it from (as a Ctrl-C
-# in an import lock's weakref callback does), then waits a second, then notes
+# in an import lock's weakref callback does), then waits (up to 5 s) and notes
 SIGNAL_IN_A_CALLBACK = ("import gc, time\n_n = memo.cmd_note\nclass Late:\n"
                         "    def __del__(self):\n        raise %s\n"
-                        "def n(*a):\n    Late()\n    gc.collect()\n    time.sleep(1)\n"
+                        "def n(*a):\n    Late()\n    gc.collect()\n"
+                        "    for _ in range(%d):\n        time.sleep(0.05)\n"
                         "    return _n(*a)\nmemo.cmd_note = n\nmemo.COMMANDS['note'] = n")
 
 
@@ -3176,7 +3177,8 @@ def test_a_signal_python_cannot_raise_is_raised_again(tmp_path, raised, code, sa
     lost: memo went on.  It is raised again a moment later: memo stops in
     one line, nothing saved.  Any other such exception is dropped silently."""
     d = make_store(tmp_path / "m", ["event"])
-    r = subprocess.run(quick(patch=SIGNAL_IN_A_CALLBACK % raised) + [MEMO, "note", "late"],
+    r = subprocess.run(quick(patch=SIGNAL_IN_A_CALLBACK % (raised, 100 * bool(code))) + [
+                           MEMO, "note", "late"],
                        env=env_for(d), capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (code, said), r
     assert records(d) == ["event"] + ["late"] * (code == 0), r
