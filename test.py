@@ -354,8 +354,10 @@ def imported(d, tmp_path, n, **kw):
 def quick(*settings, patch=""):
     """A command prefix that runs memo in a real process with some of its
     constants changed (``("LOCK_WAIT", 2)``...): the test needs no 30 s.
-    `patch`, Python run before main with `memo` in scope, injects a fault."""
-    code = ("import sys; sys.dont_write_bytecode = True; "
+    `patch`, Python run before main with `memo` in scope, injects a fault.  It takes
+    SIGINT as memo's launcher does, even from a shell's background job, which ignores it."""
+    code = ("import sys, _signal; sys.dont_write_bytecode = True; "
+            "_signal.signal(_signal.SIGINT, _signal.default_int_handler); "
             "from importlib.machinery import SourceFileLoader; "
             "from importlib.util import module_from_spec, spec_from_loader; "
             "spec = spec_from_loader('memo', SourceFileLoader('memo', sys.argv[1])); "
