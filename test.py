@@ -106,6 +106,16 @@ def call(d, name, *args, stdin=None):
     return Result(code, out.getvalue(), err.getvalue())
 
 
+def main_call(*args):
+    """`memo <args>` through main in this process (parsed as the CLI parses it, the store's
+    config applied); return its Result."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            pytest.raises(SystemExit) as e:
+        memo.main(list(args))
+    return Result(e.value.code, out.getvalue(), err.getvalue())
+
+
 def env_for(d, env=None):
     e = dict(BASE_ENV, MEMORY_DIR=str(d))
     e.update(env or {})
@@ -3279,11 +3289,7 @@ def in_process(d, hist, commands=ALL_COMMANDS):
     os.environ["MEMORY_DIR"] = str(d)
     try:
         for args in commands:
-            o, e = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-                with pytest.raises(SystemExit) as exit:
-                    memo.main([hist if a == "HIST" else a for a in args])
-            out[args] = Result(exit.value.code, o.getvalue(), e.getvalue())
+            out[args] = main_call(*[hist if a == "HIST" else a for a in args])
     finally:
         os.environ["MEMORY_DIR"] = old if old is not None else ""
         if old is None:
@@ -5999,18 +6005,12 @@ def test_a_memo_that_is_no_directory_is_refused(tmp_path, monkeypatch, what):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("MEMORY_DIR", raising=False)
 
-    def run(*args):
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                pytest.raises(SystemExit) as e:
-            memo.main(list(args))
-        return Result(e.value.code, out.getvalue(), err.getvalue())
     for args in (["wake"], ["note", "x"], ["recall", "x"], ["init", "--here"], ["init"]):
-        r = run(*args)
+        r = main_call(*args)
         assert r.code == 1 and one_line(r.err), (args, r)
         assert r.err.startswith("%s is %s, not a directory" % (link, kind)), (args, r)
     assert store_bytes(target) == before and os.listdir(str(sub)) == []
-    assert "is %s, not a directory" % kind in " ".join(run("help").out.split())
+    assert "is %s, not a directory" % kind in " ".join(main_call("help").out.split())
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
@@ -8156,15 +8156,10 @@ def test_help_is_complete_and_fits_80_columns(tmp_path, monkeypatch):
     write(os.path.join(d, "config"), b"ENTRY_CHARS = 100\n")
     monkeypatch.setenv("MEMORY_DIR", d)
 
-    def helped(name):  # `memo help <name>` through main in this process: 13 interpreters less
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-            memo.main(["help", name])
-        return out.getvalue()
-    for name in memo.COMMAND:
-        text = helped(name)
+    for name in memo.COMMAND:  # (through main in this process: 13 interpreters less)
+        text = main_call("help", name).out
         assert all(len(line) <= 80 for line in text.splitlines()), (name, text)
-    assert "at most 100 bytes" in helped("note")
+    assert "at most 100 bytes" in main_call("help", "note").out
 
 
 @pytest.mark.parametrize("args,why", [
