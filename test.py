@@ -7549,7 +7549,8 @@ def test_import_first_puts_history_before_the_notes(store, tmp_path):
     hist = write_history(str(tmp_path / "h.txt"), 32)
     r = call(store, "import", "--first", hist)
     assert r.code == 0 and r.out.startswith(
-        "Imported 32 memories before yours: #0 to #31.\nYour 3 memories are now #32\u2013#34."), r
+        "Imported 32 memories before yours: #0 to #31.\nYour 3 memories are now #32\u2013#34.\n"
+        "Their summaries, written for their old numbers, were dropped"), r
     assert "compressions pending.\nRun: memo sleep" in r.out
     texts = records(store)
     assert texts[:32] == ["event %d happened" % i for i in range(32)]
@@ -7578,6 +7579,8 @@ def test_a_history_that_runs_on_past_the_first_note_imports_first(store, tmp_pat
     assert r.code == 0 and r.out.startswith("Imported 3 memories before yours: #0 to #2."), r
     assert records(store) == ["an old commit", "a commit of today", "a commit a bad clock dated",
                               "the first note", "the second note"]
+    # regression: it said "Their summaries ... were dropped" of a store that had none
+    assert "Their summaries" not in r.out, r
 
 
 def test_import_first_into_an_empty_store_is_an_import(store, tmp_path):
