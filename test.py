@@ -4872,7 +4872,7 @@ def _redacting_store(d, T, redacting):
 
 @pytest.mark.parametrize("redacting", [None, 0, 5, 6, 99])
 def test_a_covers_reads_answer_as_one_block_at_a_time(tmp_path, redacting):
-    """Store.memory_rows (memories in a row read at once) and cover_lines
+    """Store.in_rows (memories in a row read at once) and cover_lines
     answer as Store.memory and render do, block by block, for covers of
     every budget, an unfinished redact's too."""
     d = _redacting_store(str(tmp_path / "m"), 100, redacting)
@@ -4882,24 +4882,25 @@ def test_a_covers_reads_answer_as_one_block_at_a_time(tmp_path, redacting):
                 (rng.randint(1, 100), rng.randint(1, 120)) for _ in range(30)]:
             cover = memo.blocks.cover(T, budget)
             ids = sorted(rng.sample(range(T), rng.randint(0, min(T, 12))))
-            assert list(st.memory_rows(ids)) == [(i,) + st.memory(i) for i in ids], ids
+            assert [memo.parse_memory(*row) for row in st.in_rows(ids)] == [
+                st.memory(i) for i in ids], ids
             shown = [memo.render(st, [block])[0] for block in cover]
             lines = memo.cover_lines(st, memo.Levels(st, T), cover)
             assert lines == (None if None in shown else shown), (T, budget)
 
 
-def test_memory_rows_reads_a_long_run_a_chunk_at_a_time(tmp_path, monkeypatch):
+def test_in_rows_reads_a_long_run_a_chunk_at_a_time(tmp_path, monkeypatch):
     """Regression (attack): memories in a row were read in one read
     however many (a vast WAKE_LINES): memory grew with them, and past 2 GB
     a read comes back short, which would read as damage."""
     d = _redacting_store(str(tmp_path / "m"), 40, None)
     with memo.Store(d) as st:
-        want = [(i,) + st.memory(i) for i in range(40)]
+        want = [st.memory(i) for i in range(40)]
         monkeypatch.setattr(memo, "CHUNK_RECORDS", 3)
         sizes, pread = [], memo.posix.pread
         monkeypatch.setattr(memo.posix, "pread",
                             lambda fd, n, at: sizes.append(n) or pread(fd, n, at))
-        assert list(st.memory_rows(list(range(40)))) == want
+        assert [memo.parse_memory(*row) for row in st.in_rows(range(40))] == want
     assert sizes and max(sizes) == 3 * LOG, sizes
 
 
@@ -7575,6 +7576,9 @@ def test_a_history_that_runs_on_past_the_first_note_imports_first(store, tmp_pat
                    "9999-01-01 a commit a bad clock dated")
     r = call(store, "import", hist)
     assert r.code == 1 and r.err.endswith("Run: memo import --first %s\n" % hist), r
+    os.mkdir(os.path.join(store, ".stash"))  # a file there not memo's is no summary (attack)
+    with open(os.path.join(store, ".stash", "foo"), "w") as f:
+        f.write("x")
     r = call(store, *order(r.err))
     assert r.code == 0 and r.out.startswith("Imported 3 memories before yours: #0 to #2."), r
     assert records(store) == ["an old commit", "a commit of today", "a commit a bad clock dated",
