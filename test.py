@@ -4695,6 +4695,21 @@ def test_a_lost_log_is_damage_not_an_empty_store(tmp_path):
     assert v.code == 1 and "LOG.txt is missing" in v.out, v
 
 
+def test_a_file_in_stash_not_memos_is_no_summary_of_lost_memories(tmp_path):
+    """Regression (review): a new store whose .stash held a file memo did
+    not write refused to wake, saying `LOG.txt is empty, yet TREE holds
+    summaries`.  Only a stash run's file is a summary; verify names the other."""
+    d = str(tmp_path / "m")
+    assert cli(d, "init").code == 0
+    os.mkdir(os.path.join(d, ".stash"))
+    write(os.path.join(d, ".stash", "foo"), b"x")
+    w = cli(d, "wake")
+    assert w.code == 0 and w.out.startswith("No memories yet") and "TREE" not in w.err, w
+    v = cli(d, "verify")
+    assert v.code == 1 and "foo is not a stash file memo wrote" in v.out, v
+    assert "yet TREE holds" not in v.out, v
+
+
 @pytest.mark.parametrize("chunk", [4096, 2])
 def test_a_damaged_stash_record_costs_that_summary_alone(tmp_path, monkeypatch, chunk):
     """Regression (attack): one damaged record in a stash run made the
