@@ -1006,7 +1006,7 @@ def test_import_takes_a_date_in_the_future_and_names_it(tmp_path, date):
     belongs before it (no `import --first` order)."""
     d = text_store(tmp_path, ["kept"])
     r = call(d, "import", history(tmp_path, "%s past" % DAY, "%s future" % date))
-    assert r.code == 0 and r.out.startswith("Imported 2 memories, #1 to #2."), r
+    assert r.code == 0 and r.out.startswith("Imported 2 memories, #1\u2013#2."), r
     assert r.err.startswith("Warning: ") and one_line(r.err) and "line 2: date %s is in " \
         "the future" % date in r.err and "memo verify" in r.err, r
     assert records(d) == ["kept", "past", "future"]
@@ -2878,7 +2878,7 @@ SAVES = {  # a command that saves: its store, and what it says once it has
     "note": (paid_store, r"Saved as #4\.$"),
     "sleep 0-1": (exec_store, r"0-1 saved\.$"),
     "forget": (paid_store, r"^Forgot 0-1 and the 1 summary built on it\."),
-    "import": (paid_store, r"Imported 3 memories, #4 to #6\.$"),
+    "import": (paid_store, r"Imported 3 memories, #4\u2013#6\.$"),
     "redact": (paid_store, r"^Redacted #1: "),
 }
 STREAM_COMMANDS = [  # (id, argv, SAVES key or None for a reader)
@@ -7383,7 +7383,7 @@ def test_import_ok_with_bom_crlf_and_blank_lines(store, tmp_path):
     path.write_bytes(b"\xef\xbb\xbf2020-01-01 first\r\n\r\n  \n2020-01-03 second\n2020-01-03 third")
     r = call(store, "import", str(path))
     assert r.code == 0, r
-    assert r.out == ("Imported 3 memories, #0 to #2.\n1 compression pending.\n"
+    assert r.out == ("Imported 3 memories, #0\u2013#2.\n1 compression pending.\n"
                      "Run: memo sleep\n")
     assert call(store, "recall", "^#2 ").out.startswith("#2 2020-01-03 third\n")
 
@@ -7517,9 +7517,9 @@ def test_import_reads_a_pipe(store):
     """Regression: `memo import <(sort ...)` failed, since a pipe cannot be
     read twice (once to check, once to write)."""
     r = cli(store, "import", "/dev/stdin", stdin=b"2020-01-01 from a pipe\n2020-01-02 two\n")
-    assert r.code == 0 and "Imported 2 memories, #0 to #1." in r.out, r
+    assert r.code == 0 and "Imported 2 memories, #0\u2013#1." in r.out, r
     r = cli(store, "import", "-", stdin=b"2020-01-03 from stdin\n")
-    assert r.code == 0 and "#2 to #2" in r.out, r
+    assert r.code == 0 and r.out.startswith("Imported 1 memory, #2.\n"), r  # (not "#2 to #2")
 
 
 def test_import_spools_in_the_store_and_leaves_nothing(store, tmp_path):
@@ -7528,7 +7528,7 @@ def test_import_spools_in_the_store_and_leaves_nothing(store, tmp_path):
     is taken over, and nothing stays behind either way."""
     write(os.path.join(store, ".import.new"), b"left by a memo killed at once")
     r = call(store, "import", write_history(str(tmp_path / "h.txt"), 3))
-    assert r.code == 0 and r.out.startswith("Imported 3 memories, #0 to #2."), r
+    assert r.code == 0 and r.out.startswith("Imported 3 memories, #0\u2013#2."), r
     assert ".import.new" not in os.listdir(store) and len(records(store)) == 3
 
 
@@ -7565,7 +7565,7 @@ def test_import_first_puts_history_before_the_notes(store, tmp_path):
     hist = write_history(str(tmp_path / "h.txt"), 32)
     r = call(store, "import", "--first", hist)
     assert r.code == 0 and r.out.startswith(
-        "Imported 32 memories before yours: #0 to #31.\nYour 3 memories are now #32\u2013#34.\n"
+        "Imported 32 memories before yours: #0\u2013#31.\nYour 3 memories are now #32\u2013#34.\n"
         "Their summaries, written for their old numbers, were dropped"), r
     assert "compressions pending.\nRun: memo sleep" in r.out
     texts = records(store)
@@ -7595,7 +7595,7 @@ def test_a_history_that_runs_on_past_the_first_note_imports_first(store, tmp_pat
     with open(os.path.join(store, ".stash", "foo"), "w") as f:
         f.write("x")
     r = call(store, *order(r.err))
-    assert r.code == 0 and r.out.startswith("Imported 3 memories before yours: #0 to #2."), r
+    assert r.code == 0 and r.out.startswith("Imported 3 memories before yours: #0\u2013#2."), r
     assert records(store) == ["an old commit", "a commit of today", "a commit a bad clock dated",
                               "the first note", "the second note"]
     # regression: it said "Their summaries ... were dropped" of a store that had none
@@ -7604,7 +7604,7 @@ def test_a_history_that_runs_on_past_the_first_note_imports_first(store, tmp_pat
 
 def test_import_first_into_an_empty_store_is_an_import(store, tmp_path):
     r = call(store, "import", "--first", write_history(str(tmp_path / "h.txt"), 3))
-    assert r.code == 0 and r.out.startswith("Imported 3 memories, #0 to #2."), r
+    assert r.code == 0 and r.out.startswith("Imported 3 memories, #0\u2013#2."), r
 
 
 # ------------------------------------------------------------------------
@@ -9286,6 +9286,24 @@ def test_readme_stays_a_manual_a_newcomer_reads():
     text = readme()
     assert len(text.splitlines()) <= 250
     assert text.index("## Set up") < text.index("## A first session") < text.index("## Commands")
+
+
+def test_readme_first_session_is_what_memo_prints(tmp_path, monkeypatch):
+    """README's first session, run a command at a time on a new ~/memory on
+    its date, prints what README shows, order and digest included (its nap
+    prompt had lost three of the prompt's lines)."""
+    import shlex
+    session = readme().split("## A first session\n\n")[1].split("\n\n## ")[0] + "\n"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("MEMORY_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(memo, "today", lambda: "2026-12-01")
+    assert main_call("init").code == 0
+    steps = [step.partition("\n") for step in re.split(r"^    \$ ", session, flags=re.M)[1:]]
+    assert [step[0].split()[1] for step in steps] == ["wake", "note", "note", "sleep", "recall"]
+    for command, _, shown in steps:
+        r = main_call(*shlex.split(command)[1:])
+        assert (r.code, r.out, r.err) == (0, re.sub(r"^    ", "", shown, flags=re.M), ""), r
 
 
 def test_every_list_of_every_command_comes_from_the_command_table():
