@@ -4726,6 +4726,12 @@ def test_a_damaged_stash_record_costs_that_summary_alone(tmp_path, monkeypatch, 
     assert len(data) == 7 * TREE
     data[2 * TREE + 1] = 0xff  # block 3 (6-7)
     write(stash, bytes(data))
+    # zoom said `Fix: memo forget 6-7` (which costs 4-7 too), verify `none needed`: one rule
+    line = ("Summary 6-7, kept aside in %s, is not valid UTF-8. Fix: none needed: memo sleep "
+            "asks for it again when its turn comes.\n" % os.path.join(d, ".stash"))
+    for reader in (["zoom", "4-7"], ["verify"]):
+        r = call(d, *reader)
+        assert r.code == 1 and line in r.out + r.err, r
     r = call(d, "sleep", "0-1", "s again")
     assert r.code == 0 and "0-1 saved." in r.out, r
     with open(os.path.join(d, "TREE", "2"), "rb") as f:
