@@ -4824,8 +4824,10 @@ def test_a_last_memory_without_its_newline_keeps_its_summaries(tmp_path):
     d = make_store(tmp_path / "m", ["event %d" % i for i in range(32)], tree=paid_tree(32))
     tree = {k: v for k, v in store_bytes(d).items() if k.startswith("TREE")}
     os.truncate(os.path.join(d, "LOG.txt"), 32 * LOG - 1)
-    r = cli(d, "wake")
-    assert "lost its newline" in r.err and "TREE/" not in r.err, r
+    r = cli(d, "wake")  # (it said "LOG.txt ends in 319 bytes ... not a memory", then "its last
+    # memory lost its newline", naming no memory)
+    assert "Warning: LOG.txt's last memory, #31, lost its newline. Fix: printf '\\n' >> %s\n" % (
+        os.path.join(d, "LOG.txt")) in r.err and "TREE/" not in r.err, r
     assert cli(d, "sleep").code == 0 and cli(d, "note", "x").code == 1
     assert {k: v for k, v in store_bytes(d).items() if k.startswith("TREE")} == tree
     with open(os.path.join(d, "LOG.txt"), "ab") as f:
