@@ -4545,7 +4545,7 @@ def test_a_line_added_after_the_log_is_cut_not_a_shift(tmp_path):
     assert "went missing" not in v.out, v
 
 
-@pytest.mark.parametrize("tail, said", [(b"garbage\n", "not a summary memo was writing"),
+@pytest.mark.parametrize("tail, said", [(b"garbage\n", "not one memo was writing"),
                                          (b"x" * 100, "which summary 0-3 stands on")])
 def test_a_levels_damaged_end_is_one_problem(tmp_path, tail, said):
     """Regression (attack): verify listed a TREE level's damaged end twice,
@@ -4732,6 +4732,9 @@ def test_a_damaged_stash_record_costs_that_summary_alone(tmp_path, monkeypatch, 
     for reader in (["zoom", "4-7"], ["verify"]):
         r = call(d, *reader)
         assert r.code == 1 and line in r.out + r.err, r
+    merged = subprocess.run([MEMO, "zoom", "4-7"], env=env_for(d), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT).stdout.decode()  # as an agent reads it
+    assert merged.index("(named below)") < merged.index("Warning: Summary 6-7"), merged
     r = call(d, "sleep", "0-1", "s again")
     assert r.code == 0 and "0-1 saved." in r.out, r
     with open(os.path.join(d, "TREE", "2"), "rb") as f:
@@ -6136,9 +6139,15 @@ def test_wake_hook_prints_what_each_harness_reads_within_its_cap(tmp_path, harne
     assert text.startswith("No memory at %s." % (home / "memory")), text
     for payload in ("", "not json", "[1, 2]", json.dumps(dict(start, cwd=None))):
         assert hook_context(hook(payload, cwd=proj), harness).startswith("Your memory (")
+    make_store(other / ".memo", texts[:20])  # all of it shown: no word of more (there was)
+    text = hook_context(hook(json.dumps(dict(start, cwd=str(other)))), harness)
+    assert text.rstrip("\n").endswith("#19 2020-01-01 %s\n18 compressions pending.\nRun: memo "
+                                     "sleep\nYou are awake." % texts[19]), text
+    shutil.rmtree(str(other / ".memo"))
     make_store(other / ".memo", texts)  # nothing summarized: Cannot wake, with the nap
     text = hook_context(hook(json.dumps(dict(start, cwd=str(other)))), harness)
     assert text.startswith("Cannot wake") and "\nRun: memo sleep 0-1@" in text, text
+    assert "memo wake prints" not in text
     r = hook(json.dumps(dict(start, hook_event_name="SubagentStart", cwd=str(proj))))
     assert "Don't run memo" in hook_context(r, harness, "SubagentStart")
     r = in_project(other, "wake", "--hook=nosuch", home=home)
