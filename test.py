@@ -2943,6 +2943,49 @@ def run_streams(tmp_path, how, command):
     return result_of(p, out or b"", err), d
 
 
+@pytest.mark.parametrize("how", ["stdout closed", "stdout /dev/full", "pipe closed"])
+def test_warnings_are_said_when_stdout_fails(tmp_path, how):
+    """Regression (attack): once the output was flushed before the warnings
+    (so that they come below it in one stream), a stdout that failed lost
+    them: a reader's damage, a writer's word of what it dropped."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(3)])
+    os.truncate(os.path.join(d, "LOG.txt"), 3 * LOG - 1)
+    for args in (["wake"], ["recall", "event"], ["export"]):
+        kw, fds = stream_setup(how)
+        p = subprocess.Popen([MEMO] + args, env=env_for(d), stderr=subprocess.PIPE, **kw)
+        for fd in fds:
+            os.close(fd)
+        err = p.communicate(timeout=30)[1].decode()
+        assert p.returncode == 1 and "Warning: LOG.txt's last memory, #2, lost its newline" \
+            in err, (args, err)
+
+
+def test_a_signal_while_the_output_is_blocked_still_gives_the_news(tmp_path):
+    """Regression (attack): SIGTERM while a note's output sat in a full pipe
+    said "Stopped by SIGTERM after the save, which stands" but never which
+    id it was saved as.  The news comes on stderr, exit 0."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(3)])
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"x" * 4096)  # a pipe no one reads, full
+    except BlockingIOError:
+        os.set_blocking(w, True)
+    p = subprocess.Popen([MEMO, "note", "blocked"], env=env_for(d), stdout=w,
+                         stderr=subprocess.PIPE)
+    os.close(w)
+    deadline = time.monotonic() + 10
+    while records(d, torn_ok=True)[-1:] != ["blocked"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # saved: now it waits on the pipe
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=30)[1].decode()
+    os.close(r)
+    assert p.returncode == 0 and "after the save, which stands" in err, err
+    assert "Saved as #3." in err.splitlines(), err
+
+
 @pytest.mark.parametrize("how", ["stdout closed", "stdout /dev/full", "pipe closed",
                                  "stderr closed"])
 def test_every_command_with_a_failing_standard_stream(tmp_path, how):
