@@ -1,8 +1,9 @@
 """memo's test suite: the README's promises, made executable.
 
-Run: python3 -m pytest -q test.py (README: Set up).  The sections follow
-memo's own, in its order: blocks.py, text, records, platform, store,
-scheduler, rendering, search, then one section a command, then main;
+Run: python3 -m pytest -q -n 2 test.py (README: Set up), on two processes
+(pytest-xdist's -n; without it, in one).  The sections follow memo's own,
+in its order: blocks.py, text, records, platform, store, scheduler,
+rendering, search, then one section a command, then main;
 after them the properties that cut across (crashes, kills, concurrency,
 fuzz), the docs, and the fast start.  Most tests call memo's commands
 in-process (COMMANDS, as the module interface below): spawning an
@@ -9398,7 +9399,7 @@ def test_every_order_comes_from_order():
 
 
 def test_ci_runs_the_readme_test_command():
-    command = re.search(r"^    (\(v=\$\(mktemp -d\) .*pytest -q test\.py\))$", readme(), re.M).group(1)
+    command = re.search(r"^    (\(v=\$\(mktemp -d\) .*pytest -q -n 2 test\.py\))$", readme(), re.M).group(1)
     with open(os.path.join(HERE, ".ci", "run")) as f:
         assert command in f.read().splitlines()
     assert "trap 'rm -rf \"$v\"' EXIT" in command, "the test line removes its venv"
@@ -9409,7 +9410,7 @@ def test_ci_runs_the_seed_suite_where_it_lies_beside_the_clone(tmp_path):
     shared folder beside the clone) after README's command, and fails with
     it; a user's clone, without that folder, skips it."""
     with open(os.path.join(HERE, ".ci", "run")) as f:
-        run = f.read().split("pytest -q test.py)\n", 1)[1]
+        run = f.read().split("pytest -q -n 2 test.py)\n", 1)[1]
     tools = tmp_path / "shared" / "tools"
     tools.mkdir(parents=True)
     (tmp_path / "clone").mkdir()
