@@ -943,6 +943,9 @@ REAL_TEXT = [
     # regression (attack): RGI emoji 15.1's head shaking, its ↔ a math symbol (Sm), not So
     pytest.param("no \U0001F642\u200d\u2194\ufe0f", id="emoji-zwj-math-arrow"),
     pytest.param("\u062f\u0647\u0647 \u06f1\u06f3\u06f6\u06f0\u200c\u0647\u0627", id="persian-zwnj-after-digits"),
+    # regression (attack): Persian's years, ه‍.ش and ه‍.ق, keep heh joined by a ZWJ before a dot
+    pytest.param("\u062a\u0627\u0631\u06cc\u062e \u06f1\u06f4\u06f0\u06f2 \u0647\u200d.\u0634 "
+                 "\u0648 \u06f1\u06f4\u06f4\u06f5 \u0647\u200d.\u0642", id="persian-zwj-before-a-dot"),
 ]
 
 
@@ -4883,6 +4886,44 @@ def test_a_last_memory_without_its_newline_keeps_its_summaries(tmp_path):
     assert r.code == 0 and r.out.startswith("OK: 32 memories, 31 summaries"), r
 
 
+def test_a_damaged_log_end_makes_every_reader_exit_1(tmp_path):
+    """Regression (attack): a last memory one byte short (its newline
+    lost), junk after the last memory, or memories under summaries cut
+    short were named by wake, export, recall and zoom, which then exited
+    0: `memo export > backup` left the last memory out, and its script
+    never knew.  A reader shows the rest, names the damage, exits 1, as
+    for a damaged record anywhere else; init, which only finds the store,
+    exits 0 (test_init_on_a_damaged_store_reports_it)."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(8)], tree=paid_tree(8))
+    log = os.path.join(d, "LOG.txt")
+    data = log_bytes(d)
+    for damage, named in ((data[:-1], "last memory, #7, lost its newline"),
+                          (data + b"junk\n", "ends in 5 bytes after #7"),
+                          (data[:5 * LOG + 100], "from #5 on, which summaries cover, are cut short")):
+        write(log, damage)
+        for argv in (["wake"], ["wake", "--max-bytes", "2000"], ["export"], ["recall", "event"],
+                     ["zoom", "0-3"]):
+            r = call(d, *argv)
+            assert r.code == 1 and named in r.err and r.out, (argv, r)
+        assert cli(d, "init").code == 0
+    write(log, data)
+    assert all(call(d, *argv).code == 0 for argv in (["wake"], ["export"], ["zoom", "0-3"]))
+
+
+def test_a_damaged_memory_is_named_alike_by_every_reader(tmp_path):
+    """Regression (attack): a zero byte at a memory's start was `holds
+    zero bytes` to verify and wake, but `does not start with '#7 <date> '`
+    to wake --max-bytes and zoom, which read its date alone: memory_date
+    names a damaged record as parse_memory does."""
+    d = make_store(tmp_path / "m", ["event %d" % i for i in range(8)], tree=paid_tree(8))
+    write(os.path.join(d, "LOG.txt"), _patch(log_bytes(d), 7 * LOG, b"\0"))
+    for argv in (["verify"], ["wake"], ["wake", "--max-bytes", "2000"], ["zoom", "4-7"],
+                 ["export"]):
+        r = call(d, *argv)
+        assert r.code == 1 and "Memory #7 holds zero bytes." in r.out + r.err, (argv, r)
+        assert "does not start" not in r.out + r.err, (argv, r)
+
+
 def test_an_unfinished_redact_of_a_torn_record_reads_as_redacted(tmp_path):
     """Regression (attack): a redact cut short with its record's head
     zeroed shows as `[redacted]` in plain wake, but `wake --max-bytes`
@@ -6479,8 +6520,8 @@ def test_wake_shows_the_rest_of_a_damaged_memory(tmp_path, args):
     data = log_bytes(d)
     write(os.path.join(d, "LOG.txt"), _patch(data, 6 * LOG + len("#6 2020-01-01 e"), b"\xff"))
     r = cli(d, "wake", *args)
-    assert r.code == 1 and r.err == ("Memory #6 is not valid UTF-8. Fix: restore LOG.txt "
-                                     "from a backup (memo never rewrites it).\n"), r
+    assert r.code == 1 and r.err == ("Warning: Memory #6 is not valid UTF-8. Fix: restore "
+                                     "LOG.txt from a backup (memo never rewrites it).\n"), r
     assert "\n#6 cannot be shown: it is damaged (named below).\n#7 2020-01-01 event 7\n" \
         in r.out and unnamed(r.out).startswith("Your memory, oldest first.\n#0 2020-01-01 event 0\n")
     assert r.out.endswith("You are awake.\n"), r
