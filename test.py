@@ -2036,7 +2036,7 @@ def test_a_torn_write_is_short_has_no_newline_and_follows_a_record_in_place(tail
     assert memo.torn(b"", tail, b"#-1 ", LOG) is ok  # no memory before it
     for shifted in (last[1:] + b"#", b" " + last[:-1], rec(2, "x"), last[:-1] + b" "):
         assert memo.torn(shifted, tail, b"#3 ", LOG) is False
-    summary = memo.summary_record("a summary")
+    summary = srec("a summary")
     if len(tail) < TREE - 1:
         assert memo.torn(summary, tail, b"", TREE) is ok
         assert memo.torn(summary[1:] + b" ", tail, b"", TREE) is False
@@ -2962,6 +2962,19 @@ def test_warnings_are_said_when_stdout_fails(tmp_path, how):
         err = p.communicate(timeout=30)[1].decode()
         assert p.returncode == 1 and "Warning: LOG.txt's last memory, #2, lost its newline" \
             in err, (args, err)
+
+
+def test_import_first_gives_all_its_news_when_stdout_fails(tmp_path):
+    """Regression (attack): with stdout closed, import --first put on
+    stderr only what it imported; the line with the notes' new ids was
+    lost, and an agent went on using their old ones."""
+    d = make_store(tmp_path / "m", ["mine"], tree=paid_tree(1))
+    hist = write_history(tmp_path / "h.txt", 2)
+    kw, _ = stream_setup("stdout closed")
+    p = subprocess.run([MEMO, "import", "--first", hist], env=env_for(d),
+                       stderr=subprocess.PIPE, timeout=30, **kw)
+    assert p.returncode == 0 and p.stderr.decode().endswith(
+        "Imported 2 memories before yours: #0\u2013#1.\nYour 1 memory is now #2.\n"), p
 
 
 def test_a_signal_while_the_output_is_blocked_still_gives_the_news(tmp_path):
@@ -8834,7 +8847,7 @@ def test_disk_full(tmp_path, case):
     size = os.path.getsize(path) if os.path.exists(path) else 0
     r = cli(d, *args, preexec_fn=_fsize_limit(size + c["room"]))
     assert r.code == 1, r
-    assert one_line(r.err), r
+    assert one_line(r.err) and r.err.endswith(" Fix: raise the file size limit (ulimit -f).\n"), r
     assert "Saved" not in r.out and "saved." not in r.out and "Imported" not in r.out, r
     assert len(records(d, torn_ok=True)) == 4
     assert _reader_count(d) == 4
@@ -8932,7 +8945,8 @@ def test_failed_write_or_fsync_is_fatal(tmp_path, monkeypatch, fault, cmd):
         assert r.code == 0, r
         return
     assert r.code == 1, r
-    assert one_line(r.err), r
+    assert one_line(r.err) and r.err.endswith(" Fix: free space on that disk.\n"
+                                              if "ENOSPC" in fault else "is saved.\n"), r
     for word in ("Saved", "saved.", "Imported", "Forgot"):
         assert word not in r.out, r
     seen = _reader_count(d)
