@@ -4658,6 +4658,21 @@ def test_a_byte_lost_from_the_last_memory_is_never_cut(tmp_path, lost):
     assert "lost its newline" not in v.out, v
 
 
+def test_a_line_appended_by_hand_is_named_as_it_is(tmp_path):
+    """Regression (attack): a dated line appended to LOG.txt by hand was
+    explained as a byte gone or added in a record before it, and verify
+    then named no such record.  They are bytes that may hold a memory:
+    restored from a backup, never cut."""
+    d = make_store(tmp_path / "m", ["a", "b", "c"])
+    with open(os.path.join(d, "LOG.txt"), "ab") as f:
+        f.write(b"2026-12-01 hand line\n")
+    v = call(d, "verify")
+    assert v.code == 1 and v.out.splitlines() == [
+        "LOG.txt ends in 21 bytes after #2 that are not a memory memo was writing: damage (a "
+        "memory, maybe). Fix: restore LOG.txt from a backup (memo never rewrites it).",
+        "1 problem found in %s." % d], v
+
+
 def test_stash_summaries_of_memories_gone_are_named_when_dropped(tmp_path):
     """Regression (attack): a LOG.txt cut shorter dropped the summaries
     `forget` had kept aside for memories it no longer has, without a word
