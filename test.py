@@ -2847,7 +2847,7 @@ def test_recall_that_finds_nothing_says_how_to_find_the_text(tmp_path):
     a note on stderr gives the pattern that finds the text."""
     d = make_store(tmp_path / "m", ["uses $HOME and f(x) in config"])
     r = call(d, "recall", "$HOME")
-    assert r.out == "No match.\n" and r.err.endswith("memo recall '\\$HOME'\n"), r
+    assert r.out == "No match in %s.\n" % d and r.err.endswith("memo recall '\\$HOME'\n"), r
     assert call(d, "recall", "\\$HOME").out.endswith("1 match.\n")
     assert call(d, "recall", "f(x)").err.endswith("memo recall 'f\\(x\\)'\n")
     assert call(d, "recall", "absent").err == ""
@@ -3692,7 +3692,7 @@ def test_log_tail_is_dropped_only_if_memo_wrote_it(tmp_path, tail):
     if fate == "dropped":
         w = call(d, "wake")
         assert w.code == 0 and w.out.count("\n#") == 3 and "#3 " not in w.out, w
-        assert call(d, "recall", "written|torn").out == "No match.\n"
+        assert call(d, "recall", "written|torn").out == "No match in %s.\n" % d
         assert call(d, "export").out.splitlines() == ["%s event %d" % (DAY, i) for i in range(3)]
         assert "Found %s: 3 memories." % d in cli(d, "init").out
         r = call(d, "note", "after the crash")
@@ -7159,7 +7159,23 @@ def test_recall_matches_the_whole_line(store, tmp_path):
     assert r.out == "#7 2020-01-01 event 7 happened\n1 match.\n"
     assert call(store, "recall", "2020-01-01").out.endswith("30 matches.\n")
     assert call(store, "recall", "EVENT 2[89]").out.splitlines()[-1] == "2 matches."
-    assert call(store, "recall", "nothing like this").out == "No match.\n"
+    assert call(store, "recall", "nothing like this").out == "No match in %s.\n" % store
+
+
+def test_recall_that_finds_nothing_names_the_store_it_searched(tmp_path, monkeypatch):
+    """Regression (agent trial): in a project, `memo recall SQLite` said `No match.` of a
+    memory noted in ~/memory, which the project's .memo hides, and the agent took it for
+    lost.  A recall that finds nothing names its store, as wake does: any but ~/memory."""
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    make_store(home / "memory", ["Cache: SQLite"])
+    make_store(proj / ".memo", ["a project note"])
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("MEMORY_DIR", raising=False)
+    monkeypatch.chdir(proj)
+    assert main_call("recall", "SQLite").out == "No match in %s.\n" % (proj / ".memo")
+    monkeypatch.chdir(home)
+    assert main_call("recall", "SQLite").out == "#0 %s Cache: SQLite\n1 match.\n" % DAY
+    assert main_call("recall", "nothing").out == "No match.\n"
 
 
 def _page(d, *args):
@@ -9768,12 +9784,13 @@ def test_the_cache_lives_beside_the_real_file_and_stays_fresh(tmp_path):
     d = make_store(tmp_path / "m", ["event 0"])  # and a human's command
     env["MEMORY_DIR"] = d
     assert subprocess.run([str(bin_dir / "memo"), "recall", "nothing"], env=env,
-                          capture_output=True, text=True).stdout == "No match.\n"
-    exe.write_text(source.replace('"No match."', '"No match, edited."'), encoding="utf-8")
+                          capture_output=True, text=True).stdout == "No match in %s.\n" % d
+    exe.write_text(source.replace('"No match in %s."', '"No match, edited, in %s."'),
+                   encoding="utf-8")
     os.utime(str(exe), (time.time() + 10, time.time() + 10))
     r = subprocess.run([str(bin_dir / "memo"), "recall", "nothing"], env=env,
                        capture_output=True, text=True)
-    assert r.stdout == "No match, edited.\n", r
+    assert r.stdout == "No match, edited, in %s.\n" % d, r
 
 
 # How a user may link memo onto PATH: (link name, its target), relative to
