@@ -6099,8 +6099,8 @@ def in_project(cwd, *args, home, env=None, stdin=None):
 
 
 def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
-    """init --here makes ./.memo, private, and says how to keep it out of
-    version control; every command below it uses it, the nearest .memo
+    """init --here makes ./.memo, private, and says (once) how to keep it out
+    of version control; every command below it uses it, the nearest .memo
     winning; wake's first line names it; help says which store and why;
     outside a project, ~/memory is the store, unnamed."""
     home, proj = tmp_path / "home", tmp_path / "proj"
@@ -6112,6 +6112,8 @@ def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
     assert r.returncode == 0 and "Created %s." % store in r.stdout, r
     assert "echo .memo/ >> .gitignore" in r.stdout and "MEMORY_DIR" not in r.stdout, r
     assert "Your memory is this project's, %s" % store in r.stdout and "Note:" not in r.stdout, r
+    r = in_project(proj, "init", "--here", home=home)  # (agent trial: the advice again)
+    assert "Found %s: 0 memories." % store in r.stdout and ".gitignore" not in r.stdout, r
     assert stat.S_IMODE(os.stat(str(store)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(str(store / "LOG.txt")).st_mode) == 0o600
     assert in_project(deep, "note", "kept in the project", home=home).returncode == 0
