@@ -5460,6 +5460,7 @@ LITERAL_CASES = [  # pattern, the literal every match holds
     (r"\$HOME", "$HOME"), ("x{", ""), ("fix.*release", "release"), (r"a\x41b", ""),
     (r"(a)\1bcd", ""), ("[]x]yz", "yz"), (r"[\]]yz", "yz"), ("ab(?=cd)", "ab"),
     ("abc*?d", "ab"), ("ab++c", "a"), ("tab\there", "here"), (r"\Afoo\Z", "foo"), ("\u212aelvin", "elvin"),
+    ("colou(?#GB)?r", ""), ("(?#[)((z|])abc)?q", ""),  # a comment (attack: "colou", "abc")
 ]
 
 
@@ -5571,6 +5572,17 @@ def test_raw_newline_inside_a_record_is_one_line_everywhere(tmp_path):
         assert r.code == 0 and r.out.splitlines() == expect + ["2 matches."], (pattern, r)
 
 
+
+
+def test_recall_colour_is_stopped_with_the_regex(tmp_path):
+    """Regression (attack): `recall --color=always 'x|(a+)+$'` found its match at once,
+    then marked it without end (re.sub goes on along the line), past RECALL_SECONDS: the
+    colour is the regex's time too, with --all as without."""
+    d = make_store(tmp_path / "m", ["x " + "a" * 34 + "!"])
+    for every in ([], ["--all"]):
+        r = qcli(d, [("RECALL_SECONDS", 1)], "recall", "--color=always", *every, "x|(a+)+$",
+                 timeout=30)
+        assert r.code == 1 and r.err.startswith("Stopped after 1 s: the regex"), (every, r)
 
 
 def test_runaway_regex_stopped_even_with_sigalrm_blocked_or_ignored(tmp_path):
