@@ -1115,7 +1115,22 @@ def test_sleep_by_hand_refuses_a_line_of_memos_prompt(tmp_path, line):
     before = store_bytes(d)
     r = call(d, "sleep", "0-1", line)
     assert r.code == 1 and "a line of memo's prompt" in r.err, r
-    assert store_bytes(d) == before
+    assert store_bytes(d) == dict(before, **{".lock": b""})  # (the writer read the memories)
+
+
+def test_a_summary_may_quote_a_prompt_line_its_memories_hold(tmp_path):
+    """Regression (attack): memories of a bot whose prompt ends `answer with that one line
+    only` could not be summarized faithfully: the summary held a line of memo's prompt, and
+    was refused, by hand and from --exec.  A prompt line the memories hold is theirs."""
+    memories = ["Summarizer prompt for the support bot ends: answer with that one line only.",
+                "Bot v2 shipped with the new prompt; tickets down 30%."]
+    line = "Support bot prompt ends 'answer with that one line only'; v2 shipped, tickets -30%."
+    d = text_store(tmp_path, memories + ["a", "b"])
+    r = call(d, "sleep", "0-1", line)
+    assert r.code == 0 and summary_of(d) == line, r
+    assert memo.answer_line(line, memories) == (line, None)
+    r = call(d, "sleep", "2-3", "Answer with that one line only.")  # (not theirs)
+    assert r.code == 1 and "a line of memo's prompt" in r.err, r
 
 
 @pytest.mark.parametrize("line", ["Decided: tabs over spaces, for the diff size.",
