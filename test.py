@@ -1128,9 +1128,14 @@ def test_a_summary_may_quote_a_prompt_line_its_memories_hold(tmp_path):
     d = text_store(tmp_path, memories + ["a", "b"])
     r = call(d, "sleep", "0-1", line)
     assert r.code == 0 and summary_of(d) == line, r
-    assert memo.answer_line(line, memories) == (line, None)
     r = call(d, "sleep", "2-3", "Answer with that one line only.")  # (not theirs)
     assert r.code == 1 and "a line of memo's prompt" in r.err, r
+    for theirs in (["Todo: answer with that", "one line only when asked"],  # (attack: two
+                   ["The reanswer with that one line onlyx flag", "ok"]):  # memories, no word)
+        assert memo.prompt_line("Answer with that one line only.", theirs=theirs), theirs
+    # from --exec, a prompt line is an echo (attack: `cat`'s was saved, the memories quoting
+    # memo's prompt)
+    assert memo.answer_line(line, memories)[0] is None
 
 
 @pytest.mark.parametrize("line", ["Decided: tabs over spaces, for the diff size.",
@@ -5499,6 +5504,7 @@ LITERAL_CASES = [  # pattern, the literal every match holds
     (r"(a)\1bcd", ""), ("[]x]yz", "yz"), (r"[\]]yz", "yz"), ("ab(?=cd)", "ab"),
     ("abc*?d", "ab"), ("ab++c", "a"), ("tab\there", "here"), (r"\Afoo\Z", "foo"), ("\u212aelvin", "elvin"),
     ("colou(?#GB)?r", "colo"), ("(?#[)((z|])abc)?q", "q"),  # a comment (attack: "colou", "abc")
+    (r"(?#see \)ticket)xyz", "xyz"),  # (attack: `ticket` was taken for a literal)
 ]
 
 
@@ -5614,13 +5620,13 @@ def test_raw_newline_inside_a_record_is_one_line_everywhere(tmp_path):
 
 def test_recall_colour_is_stopped_with_the_regex(tmp_path):
     """Regression (attack): `recall --color=always 'x|(a+)+$'` found its match at once,
-    then marked it without end (re.sub goes on along the line), past RECALL_SECONDS: the
-    colour is the regex's time too, with --all as without."""
+    then marked it without end (re.sub went on along the line), past RECALL_SECONDS.  The
+    first match of a line is marked (under the regex's alarm), with --all as without."""
     d = make_store(tmp_path / "m", ["x " + "a" * 34 + "!"])
     for every in ([], ["--all"]):
         r = qcli(d, [("RECALL_SECONDS", 1)], "recall", "--color=always", *every, "x|(a+)+$",
                  timeout=30)
-        assert r.code == 1 and r.err.startswith("Stopped after 1 s: the regex"), (every, r)
+        assert r.code == 0 and "\x1b[1;31mx\x1b[0m " in r.out, (every, r)
 
 
 def test_runaway_regex_stopped_even_with_sigalrm_blocked_or_ignored(tmp_path):
@@ -6149,8 +6155,8 @@ def in_project(cwd, *args, home, env=None, stdin=None):
 
 
 def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
-    """init --here makes ./.memo, private, and says (once) how to keep it out
-    of version control; every command below it uses it, the nearest .memo
+    """init --here makes ./.memo, private, and says how to keep it out of
+    version control; every command below it uses it, the nearest .memo
     winning; wake's first line names it; help says which store and why;
     outside a project, ~/memory is the store, unnamed."""
     home, proj = tmp_path / "home", tmp_path / "proj"
@@ -6162,8 +6168,9 @@ def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
     assert r.returncode == 0 and "Created %s." % store in r.stdout, r
     assert "echo .memo/ >> .gitignore" in r.stdout and "MEMORY_DIR" not in r.stdout, r
     assert "Your memory is this project's, %s" % store in r.stdout and "Note:" not in r.stdout, r
-    r = in_project(proj, "init", "--here", home=home)  # (agent trial: the advice again)
-    assert "Found %s: 0 memories." % store in r.stdout and ".gitignore" not in r.stdout, r
+    r = in_project(proj, "init", "--here", home=home)  # found: the advice again (attack: a
+    assert "Found %s: 0 memories." % store in r.stdout and ".gitignore" in r.stdout, r  # store
+    # made otherwise, or its first words lost, went unsaid; said again, it costs a line)
     assert stat.S_IMODE(os.stat(str(store)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(str(store / "LOG.txt")).st_mode) == 0o600
     assert in_project(deep, "note", "kept in the project", home=home).returncode == 0
