@@ -659,6 +659,8 @@ def test_a_record_stored_decomposed_is_found_by_either_form_and_named_by_verify(
     v = call(d, "verify")
     assert v.code == 1 and "Memory #1 is not in NFC" in v.out and "Fix:" in v.out, v
     assert "#2" not in v.out and "#0" not in v.out, v
+    r = call(d, "recall", "--color=always", "r\u00e9union")  # (attack: the colour looked on the
+    assert "\x1b[1;31mR\u00e9union\x1b[0m" in r.out.replace("r\u00e9", "R\u00e9"), r  # NFD
 
 
 def test_nfc_note_is_found_by_an_nfd_recall(tmp_path):
@@ -1133,6 +1135,9 @@ def test_a_summary_may_quote_a_prompt_line_its_memories_hold(tmp_path):
     for theirs in (["Todo: answer with that", "one line only when asked"],  # (attack: two
                    ["The reanswer with that one line onlyx flag", "ok"]):  # memories, no word)
         assert memo.prompt_line("Answer with that one line only.", theirs=theirs), theirs
+    for text in ("Bug 12: decompress memories #3 into one line of at most 280 bytes crashes",
+                 "The reanswer with that one line onlyx flag"):  # no prompt line: other words
+        assert not memo.prompt_line(text), text  # (attack: refused, the memories holding it)
     # from --exec, a prompt line is an echo (attack: `cat`'s was saved, the memories quoting
     # memo's prompt)
     assert memo.answer_line(line, memories)[0] is None
