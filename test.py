@@ -1138,9 +1138,14 @@ def test_a_summary_may_quote_a_prompt_line_its_memories_hold(tmp_path):
     for text in ("Bug 12: decompress memories #3 into one line of at most 280 bytes crashes",
                  "The reanswer with that one line onlyx flag"):  # no prompt line: other words
         assert not memo.prompt_line(text), text  # (attack: refused, the memories holding it)
-    # from --exec, a prompt line is an echo (attack: `cat`'s was saved, the memories quoting
-    # memo's prompt)
-    assert memo.answer_line(line, memories)[0] is None
+    assert memo.answer_line(line, memories) == (line, None)  # from --exec too (README's sed
+    # stand-in stopped on this repository's history: its commits quote memo's prompt)
+    quoting = ["memo's nap prompt reads: Compress memories #0-1 into one line of at most 280 "
+               "bytes. Keep names, numbers, decisions and outcomes; invent nothing. Answer with "
+               "that one line only.", "Bot setup done."]  # (attack: cat's echo was saved)
+    echo = memo.nap_prompt((0, 2), ["#%d %s %s" % (i, DAY, t) for i, t in enumerate(quoting)],
+                           0, ordered=False)
+    assert memo.answer_line(echo, quoting) == (None, "it echoes memo's own prompt")
 
 
 @pytest.mark.parametrize("line", ["Decided: tabs over spaces, for the diff size.",
@@ -6336,8 +6341,8 @@ def test_wake_hook_prints_what_each_harness_reads_within_its_cap(tmp_path, harne
     """The hook's stdin JSON's cwd picks the store (the project's .memo, or
     ~/memory outside it); a memory far past the cap is the finest that fits,
     saying how to read more; one that cannot wake, or no store, or no JSON,
-    is still exit 0, its text the nap to pay or the fix; a subagent is told
-    not to run memo."""
+    is still exit 0, its text the nap to pay or the fix (each harness one kind of no JSON;
+    all under MEMO_SLOW); a subagent is told not to run memo."""
     home, proj, other = tmp_path / "home", tmp_path / "proj", tmp_path / "other"
     for d in (home, other):
         d.mkdir()
@@ -6355,7 +6360,8 @@ def test_wake_hook_prints_what_each_harness_reads_within_its_cap(tmp_path, harne
     assert len(text.encode()) > 6000, "the finest memory that fits, not the coarsest"
     text = hook_context(hook(json.dumps(dict(start, cwd=str(other)))), harness)
     assert text.startswith("No memory at %s." % (home / "memory")), text
-    for payload in ("", "not json", "[1, 2]", json.dumps(dict(start, cwd=None))):
+    payloads = ("", "not json", "[1, 2]", json.dumps(dict(start, cwd=None)))
+    for payload in payloads if SLOW else payloads[sorted(HOOK_CAPS).index(harness)::4]:
         assert hook_context(hook(payload, cwd=proj), harness).startswith("Your memory (")
     make_store(other / ".memo", texts[:20])  # all of it shown: no word of more (there was)
     text = hook_context(hook(json.dumps(dict(start, cwd=str(other)))), harness)
@@ -9723,9 +9729,10 @@ def test_readme_recipe_runs_on_this_repositorys_history(tmp_path):
         commits = len(f.read().splitlines())
     if log.returncode or not commits:
         pytest.skip("this clone has no history")
-    if not SLOW:  # its first 96 commits (line 85 among them): a nap costs five processes
+    if not SLOW:  # its first 8 commits and 85-88 (85: issue 24's): a nap costs five processes
         with open(str(tmp_path / "history.txt"), "rb") as f:
-            head = f.readlines()[:96]
+            head = f.readlines()
+            head = head[:8] + head[84:88]
         with open(str(tmp_path / "history.txt"), "wb") as f:
             f.writelines(head)
         commits = len(head)
