@@ -6178,6 +6178,8 @@ def test_a_project_store_is_the_nearest_memo_from_here_up(tmp_path):
     assert r.returncode == 0 and "Created %s." % store in r.stdout, r
     assert "echo .memo/ >> .gitignore" in r.stdout and "MEMORY_DIR" not in r.stdout, r
     assert "Your memory is this project's, %s" % store in r.stdout and "Note:" not in r.stdout, r
+    assert "noted outside it, memo recall finds from outside it." in r.stdout, r  # (trials: a
+    # memory noted in ~/memory, from the project, read as lost)
     r = in_project(proj, "init", "--here", home=home)  # found: the advice again (attack: a
     assert "Found %s: 0 memories." % store in r.stdout and ".gitignore" in r.stdout, r  # store
     # made otherwise, or its first words lost, went unsaid; said again, it costs a line)
