@@ -1135,6 +1135,10 @@ def test_a_summary_may_quote_a_prompt_line_its_memories_hold(tmp_path):
     for theirs in (["Todo: answer with that", "one line only when asked"],  # (attack: two
                    ["The reanswer with that one line onlyx flag", "ok"]):  # memories, no word)
         assert memo.prompt_line("Answer with that one line only.", theirs=theirs), theirs
+    commits = ["Summarizer prompt: add rule keep names, numbers, decisions and outcomes",
+               "Invent nothing: drop the guessing fallback (#41)"]  # (attack: README's sed
+    joined = ";".join(commits)  # stand-in joins them, and was refused)
+    assert memo.answer_line(joined, commits) == (joined, None)
     for text in ("Bug 12: decompress memories #3 into one line of at most 280 bytes crashes",
                  "The reanswer with that one line onlyx flag"):  # no prompt line: other words
         assert not memo.prompt_line(text), text  # (attack: refused, the memories holding it)
