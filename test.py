@@ -5389,6 +5389,17 @@ def test_what_matches_or_becomes_ascii():
             if len(unicodedata.normalize("NFD", c)) > 1] == ["I\u0307"]
 
 
+def test_a_memory_with_no_text_matches_alike_beside_a_raw_newline():
+    """Regression (attack): a memory written by hand with no text matched
+    `(?x)-01\\ $` only when another record of its chunk held a raw newline
+    (read record by record, its line kept the space after its date)."""
+    blank, nl = memo.memory_record(1, DAY, ""), memo.memory_record(2, DAY, "a\nb")
+    find = memo.finder(re.compile(r"(?x)-01\ ?$", re.IGNORECASE))
+    alone = find(0, memo.memory_record(0, DAY, "first") + blank)
+    beside = find(0, memo.memory_record(0, DAY, "first") + blank + nl)
+    assert alone == [(1, "#1 %s" % DAY)] == beside[:1], (alone, beside)
+
+
 RECALL_WORDS = ("memory number thing happened at work flask Jinja kelvin KELVIN Kelvin "
                 "is IS Is sis SIS kiss KISS ski Istanbul istanbul ship Sıla İzmir "
                 "ſhip ſs joão João JOÃO ação AÇÃO ÇÃO çao "
@@ -6987,7 +6998,7 @@ def test_sleep_settled_wrong_and_idle(store, tmp_path):
     assert "Compress memories #2-3" in r.out, "then the next nap"
     pay_all(store)
     r = call(store, "sleep", "4-5", "nothing there")
-    assert r.code == 0 and "Nothing left to compress." in r.out
+    assert r.code == 0 and "Nothing left to compress." in r.out and "not saved" in r.out, r
     assert os.path.getsize(os.path.join(store, "TREE", "2")) == 2 * 288
     r = call(store, "sleep")
     assert r.code == 0 and r.out == "Nothing left to compress.\n"
