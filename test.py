@@ -2424,6 +2424,24 @@ class Stamped:
                       "".join(text for _, text in self.lines))
 
 
+@pytest.mark.parametrize("signum", sorted(memo.STOPS))
+def test_a_stopping_signal_exits_128_and_its_number(tmp_path, signum):
+    """README (Exit status): SIGINT, SIGTERM or SIGHUP stops memo with
+    128+N, nothing saved (newcomer trial: SIGHUP's 129 was pinned for
+    `sleep --exec` only): a note waiting for the store's lock, stopped."""
+    d = paid_store(tmp_path / "m")
+    with lock_held(d):
+        before = store_bytes(d)
+        note = Stamped(d, ["note", "never saved"], [("LOCK_NOTICE", 0.05)])
+        while not note.lines and note.p.poll() is None:  # it is waiting, its handlers set
+            time.sleep(0.01)
+        note.p.send_signal(signum)
+        r = note.finish()
+        assert r.code == 128 + signum and "Traceback" not in r.err, r
+        assert store_bytes(d) == before
+    assert "never saved" not in records(d)
+
+
 def test_a_waiting_command_says_so_then_gives_up_having_changed_nothing(tmp_path):
     """Issue 10 §1: a command that waits for another's lock says `Waiting
     for another memo command to finish…` on stderr once LOCK_NOTICE has
