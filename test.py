@@ -7271,14 +7271,19 @@ def test_recall_matches_the_whole_line(store, tmp_path):
 def test_recall_that_finds_nothing_names_the_store_it_searched(tmp_path, monkeypatch):
     """Regression (agent trial): in a project, `memo recall SQLite` said `No match.` of a
     memory noted in ~/memory, which the project's .memo hides, and the agent took it for
-    lost.  A recall that finds nothing names its store, as wake does: any but ~/memory."""
+    lost.  A recall that finds nothing names its store, as wake does: any but ~/memory;
+    a project's says where ~/memory is searched from (a second trial took it for lost)."""
     home, proj = tmp_path / "home", tmp_path / "proj"
     make_store(home / "memory", ["Cache: SQLite"])
     make_store(proj / ".memo", ["a project note"])
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("MEMORY_DIR", raising=False)
     monkeypatch.chdir(proj)
+    assert main_call("recall", "SQLite").out == "No match in %s, this project's store; " \
+        "~/memory is searched from outside the project.\n" % (proj / ".memo")
+    monkeypatch.setenv("MEMORY_DIR", str(proj / ".memo"))  # chosen: no more said
     assert main_call("recall", "SQLite").out == "No match in %s.\n" % (proj / ".memo")
+    monkeypatch.delenv("MEMORY_DIR")
     monkeypatch.chdir(home)
     assert main_call("recall", "SQLite").out == "#0 %s Cache: SQLite\n1 match.\n" % DAY
     assert main_call("recall", "nothing").out == "No match.\n"
@@ -9892,7 +9897,7 @@ def test_the_cache_lives_beside_the_real_file_and_stays_fresh(tmp_path):
     env["MEMORY_DIR"] = d
     assert subprocess.run([str(bin_dir / "memo"), "recall", "nothing"], env=env,
                           capture_output=True, text=True).stdout == "No match in %s.\n" % d
-    exe.write_text(source.replace('"No match in %s."', '"No match, edited, in %s."'),
+    exe.write_text(source.replace('"No match in %s%s."', '"No match, edited, in %s%s."'),
                    encoding="utf-8")
     os.utime(str(exe), (time.time() + 10, time.time() + 10))
     r = subprocess.run([str(bin_dir / "memo"), "recall", "nothing"], env=env,
