@@ -4044,17 +4044,41 @@ def test_an_import_journal_of_memo_1_0_is_named_with_the_fix_that_rolls_it_back(
     w = call(d, "wake")
     assert w.code == 0 and "#7 " in w.out and one_line(w.err), w  # (which it cannot tell)
     assert "holds 960, an import's journal as memo 1.0 wrote it" in w.err, w
-    assert "#3\u2013#7, which it appended, were never saved" in w.err, w
+    assert "undo its import (#3\u2013#7, which it appended, were never saved)" in w.err, w
     r = call(d, "note", "x")
     assert r.code == 1 and one_line(r.err) and len(records(d)) == 8, r
     v = call(d, "verify")
-    fix = re.search(r"roll the import back: (.*); else move it out", v.out)
+    fix = re.search(r"were never saved\): (.*); else move it out", v.out)
     assert v.code == 1 and fix, v
     subprocess.run(fix.group(1), shell=True, check=True)
     r = call(d, "note", "after")
     assert r.code == 0 and r.out.startswith("Saved as #3."), r
     assert records(d) == ["kept 0", "kept 1", "kept 2", "after"]
     assert call(d, "verify").code == 0
+
+
+def test_an_import_journal_of_a_copy_made_as_it_ran_is_named_with_the_fix_that_undoes_it(
+        tmp_path):
+    """Regression (attack): a store copied while an import ran (`cp -a`: a new
+    inode) said its journal `does not fit LOG.txt`, and the one fix given (move
+    it out) kept the half import, never said saved: a retry saved it twice.  Now
+    the fix names what the import appended and undoes it, which run as given
+    leaves the memories before it; a log shorter than the journal's start (an
+    older backup) is offered no cut."""
+    d = make_store(tmp_path / "m", ["kept %d" % i for i in range(3)])
+    with open(os.path.join(d, "LOG.txt"), "ab") as f:
+        f.write(b"".join(rec(i, "half imported") for i in range(3, 8)))
+    for before in (9 * LOG, 3 * LOG + 1):
+        write(os.path.join(d, ".journal"), memo.Journal("import", 1, before).line())
+        v = call(d, "verify")
+        assert v.code == 1 and "does not fit LOG.txt" in v.out and "truncate" not in v.out, v
+    write(os.path.join(d, ".journal"), memo.Journal("import", 1, 3 * LOG).line())
+    v = call(d, "verify")
+    fix = re.search(r"undo its import \(#3\u2013#7, which it appended, were never saved\): "
+                    r"(.*); else move it out", v.out)
+    assert v.code == 1 and fix, v
+    subprocess.run(fix.group(1), shell=True, check=True)
+    assert records(d) == ["kept 0", "kept 1", "kept 2"] and call(d, "verify").code == 0
 
 
 @pytest.mark.parametrize("raw", [b"", b"96"], ids=["empty", "part"])
