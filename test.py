@@ -9093,6 +9093,7 @@ def _fail_nth(real, n):
 FAULTS = {
     "write_at EIO": ("write_at", lambda real: _eio),
     "write_at half then ENOSPC": ("write_at", lambda real: _half_then(errno.ENOSPC)),
+    "write_at EROFS": ("write_at", lambda real: _half_then(errno.EROFS)),  # (attack: no fix)
     "sync EIO": ("sync", lambda real: _eio),
     "second sync EIO": ("sync", lambda real: _fail_nth(real, 2)),
     "third sync EIO": ("sync", lambda real: _fail_nth(real, 3)),
@@ -9152,8 +9153,9 @@ def test_failed_write_or_fsync_is_fatal(tmp_path, monkeypatch, fault, cmd):
         assert r.code == 0, r
         return
     assert r.code == 1, r
-    assert one_line(r.err) and r.err.endswith(" Fix: free space on that disk.\n"
-                                              if "ENOSPC" in fault else "is saved.\n"), r
+    assert one_line(r.err) and r.err.endswith({"ENOSPC": " Fix: free space on that disk.\n",
+                                               "EROFS": " Fix: mount that disk read-write.\n"}.get(
+                                                  fault.rsplit(" ", 1)[1], "is saved.\n")), r
     for word in ("Saved", "saved.", "Imported", "Forgot"):
         assert word not in r.out, r
     seen = _reader_count(d)
