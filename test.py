@@ -7684,7 +7684,7 @@ def test_import_names_every_bad_line_in_one_run(store, tmp_path):
     r = call(store, "import", str(path))
     name = str(path)
     assert r.code == 1 and r.err.splitlines() == [
-        name + " line 2 is not UTF-8.",
+        name + " line 2 is not UTF-8. Fix: iconv -f <encoding> -t utf-8 converts it.",
         name + " line 4: not a real date: expected `YYYY-MM-DD <text>`, got "
                "'2020-13-01 no such month'.",
         name + " line 6: <your line> is the blank in memo's orders, not text to keep: write "
@@ -7697,6 +7697,11 @@ def test_import_names_every_bad_line_in_one_run(store, tmp_path):
         lines[19].startswith(name + " line 40: "), r
     assert lines[20] == ("Nothing was imported: 25 bad lines, the first 20 above. Mend them, "
                          "then run this again."), r
+    # UTF-16 (PowerShell's `>`) is named at once, not as a line of NULs (attack)
+    path.write_bytes("2020-01-01 x\n2020-01-02 y\n".encode("utf-16"))
+    r = call(store, "import", str(path))
+    assert r.code == 1 and r.err == name + " line 1 is not UTF-8 but UTF-16. Fix: iconv -f " \
+        "utf-16 -t utf-8 converts it.\n", r
     assert log_bytes(store) == b"" and not os.path.exists(os.path.join(store, ".journal"))
 
 
