@@ -8509,6 +8509,8 @@ def test_help_is_complete_and_fits_80_columns(tmp_path, monkeypatch):
         text = main_call("help", name).out
         assert all(len(line) <= 80 for line in text.splitlines()), (name, text)
     assert "at most 100 bytes" in main_call("help", "note").out
+    write(os.path.join(d, "config"), b"\xef\xbb\xbfENTRY_CHARS = 90\n")  # Notepad's BOM (attack)
+    assert "at most 90 bytes" in main_call("help", "note").out
 
 
 @pytest.mark.parametrize("args,why", [
