@@ -4064,7 +4064,8 @@ def test_an_import_journal_of_a_copy_made_as_it_ran_names_what_may_be_part_of_it
     retry saved them twice.  Now they are named, from the byte they start at;
     no cut is offered (second attack: rsync copies .journal before LOG.txt, so
     the log may be later than the journal, its memories saved), and the fix
-    keeps them all; a log shorter than the journal's start names none."""
+    keeps them all; a log shorter than the journal's start names none.  A
+    redact's says to redo it (attack: the copy's memory kept its text)."""
     d = make_store(tmp_path / "m", ["kept %d" % i for i in range(3)])
     with open(os.path.join(d, "LOG.txt"), "ab") as f:
         f.write(b"".join(rec(i, "appended") for i in range(3, 8)) + b"torn")
@@ -4076,6 +4077,9 @@ def test_an_import_journal_of_a_copy_made_as_it_ran_names_what_may_be_part_of_it
     fix = re.search(r"move it out of the store: (mv .*)$", v.out, re.M)
     subprocess.run(fix.group(1), shell=True, check=True)
     assert records(d, torn_ok=True) == ["kept 0", "kept 1", "kept 2"] + ["appended"] * 5
+    # a redact's: the copy kept that memory's text, so it says to redo it
+    write(os.path.join(d, ".journal"), memo.Journal("redact", 1, 1, DAY).line())
+    assert "copied mid-redact of #1: redo it" in call(d, "verify").out
 
 
 @pytest.mark.parametrize("raw", [b"", b"96"], ids=["empty", "part"])
