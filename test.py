@@ -7293,7 +7293,7 @@ def test_recall_matches_the_whole_line(store, tmp_path):
     assert call(store, "recall", "nothing like this").out == "No match in %s.\n" % store
 
 
-def test_recall_that_finds_nothing_names_the_store_it_searched(tmp_path, monkeypatch):
+def test_recall_and_verify_name_the_store_they_read(tmp_path, monkeypatch):
     """Regression (agent trial): in a project, `memo recall SQLite` said `No match.` of a
     memory noted in ~/memory, which the project's .memo hides, and the agent took it for
     lost.  A recall that finds nothing names its store, as wake does: any but ~/memory;
@@ -7312,6 +7312,10 @@ def test_recall_that_finds_nothing_names_the_store_it_searched(tmp_path, monkeyp
     monkeypatch.chdir(home)
     assert main_call("recall", "SQLite").out == "#0 %s Cache: SQLite\n1 match.\n" % DAY
     assert main_call("recall", "nothing").out == "No match.\n"
+    assert main_call("verify").out == "OK: 1 memory, 0 summaries, 0 compressions pending.\n"
+    monkeypatch.chdir(proj)  # (newcomer trial: verify's OK did not say which store it read)
+    assert main_call("verify").out.startswith("OK: 1 memory, 0 summaries, 0 compressions "
+                                              "pending (%s).\n" % (proj / ".memo"))
 
 
 def _page(d, *args):
@@ -7956,7 +7960,8 @@ def test_verify_healthy_and_sick(store, tmp_path):
     r = call(store, "verify")
     assert r.code == 0 and r.out.startswith("OK: 20 memories, 0 summaries, 18 compressions")
     pay_all(store)
-    assert call(store, "verify").out == "OK: 20 memories, 18 summaries, 0 compressions pending.\n"
+    assert call(store, "verify").out == "OK: 20 memories, 18 summaries, 0 compressions " \
+        "pending (%s).\n" % store
     with open(os.path.join(store, "LOG.txt"), "r+b") as f:
         f.seek(320 * 5)
         f.write(b"#9")
@@ -9775,7 +9780,8 @@ def test_readme_recipes_keep_accented_and_cjk_text_whole(tmp_path):
     assert len(records(d)) == 36
     r = shell(readme_recipe(r"memo sleep --exec \"sed .*\""), d, tmp_path)
     assert r.returncode == 0 and b"Nothing left to compress." in r.stdout + r.stderr, r
-    assert call(d, "verify").out == "OK: 36 memories, 34 summaries, 0 compressions pending.\n"
+    assert call(d, "verify").out == "OK: 36 memories, 34 summaries, 0 compressions " \
+        "pending (%s).\n" % d
 
 
 def test_readme_recipe_runs_on_this_repositorys_history(tmp_path):
